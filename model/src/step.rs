@@ -1,0 +1,512 @@
+//! `step`: the one function that applies an event to a stored delivery. It is the only place
+//! stored data becomes typed state, and the only place a delivery changes state, in the
+//! engine, the simulation and the model checker alike.
+
+use crate::delivery::Delivery;
+use crate::event::{
+    Activity, Change, Effect, Event, EventKind, Observed, PassFacts, Permission, ScanResult, Step,
+    WriteOutcome,
+};
+use crate::ids::{MessageId, Millis};
+use crate::policy::{PlantedBug, Policy};
+use crate::states::Target;
+use crate::states::{
+    BusyReason, HeldReason, NoResend, Observable, Pending, Releasable, ResendPlan,
+    UnavailableReason, UncertainCause, WaitingReason,
+};
+
+/// What one arm of `step` produced, before the change is classified.
+struct Out {
+    record: Delivery,
+    effects: Vec<Effect>,
+}
+
+enum Arm {
+    Done(Out),
+    Ignored(&'static str),
+}
+
+fn done(record: impl Into<Delivery>) -> Arm {
+    Arm::Done(Out {
+        record: record.into(),
+        effects: Vec::new(),
+    })
+}
+
+fn with(record: impl Into<Delivery>, effects: Vec<Effect>) -> Arm {
+    Arm::Done(Out {
+        record: record.into(),
+        effects,
+    })
+}
+
+/// Applies `event` to `record` under `policy`: the record to commit next, the effects to
+/// perform after that commit, and what changed. It never fails and never panics: an event
+/// that does not apply leaves the record untouched (`Change::Ignored`), and an event whose
+/// result is already there is a no-op (`Change::Unchanged`).
+pub fn step(record: Delivery, event: Event, policy: &Policy) -> Step {
+    let before = record.clone();
+    let now = event.now;
+    let arm = match event.kind {
+        EventKind::PassStarted(facts) => on_pass(record, facts, now, policy),
+        EventKind::ActivityObserved { activity } => on_activity(record, &activity, now, policy),
+        EventKind::Reservation { earlier_active } => on_reservation(record, earlier_active, now),
+        EventKind::SendBoundary {
+            permission,
+            recipient,
+            activity,
+        } => on_send_boundary(
+            record,
+            permission,
+            recipient.as_ref(),
+            &activity,
+            now,
+            policy,
+        ),
+        EventKind::WriteResult { outcome } => on_write_result(record, outcome, now, policy),
+        EventKind::Observation { observed } => on_observation(record, observed, now, policy),
+        EventKind::HistoryScan { scan } => on_scan(record, scan, now, policy),
+        EventKind::Release { note } => on_release(record, note, now),
+        EventKind::TimePassed => on_time(record, now, policy),
+    };
+    match arm {
+        Arm::Ignored(why) => Step {
+            record: before,
+            effects: Vec::new(),
+            change: Change::Ignored { why },
+        },
+        Arm::Done(Out {
+            mut record,
+            effects,
+        }) => {
+            let (from, to) = (before.kind(), record.kind());
+            let change = if from == to {
+                // Staying in a state is never a new arrival: keep when it was entered, so
+                // landing where it already is compares equal and is a no-op.
+                record.core_mut().since = before.core().since;
+                if record == before {
+                    Change::Unchanged
+                } else {
+                    Change::Updated
+                }
+            } else {
+                Change::Moved { from, to }
+            };
+            Step {
+                record,
+                effects,
+                change,
+            }
+        }
+    }
+}
+
+// ----- SPEC §2.2 steps 1–6, and §2.3 resends -----------------------------------------------
+
+fn on_pass(record: Delivery, facts: PassFacts, now: Millis, policy: &Policy) -> Arm {
+    match record {
+        Delivery::Waiting(p) => pass_pending(p, &facts, now),
+        Delivery::Busy(p) => pass_pending(p, &facts, now),
+        Delivery::Held(p) => pass_pending(p, &facts, now),
+        Delivery::Unavailable(p) => pass_pending(p, &facts, now),
+        Delivery::OwnerRejected(p) => pass_pending(p, &facts, now),
+        Delivery::Uncertain(u) => {
+            if policy.planted(PlantedBug::ResendFromUncertain) {
+                #[cfg(feature = "planted-bugs")]
+                return done(u.planted_resend(facts.fresh_request_id, now));
+            }
+            let request_id = u.core.request_id.clone();
+            let mut effects = vec![Effect::Observe {
+                request_id: request_id.clone(),
+            }];
+            let scan_due = u
+                .scans
+                .last_at
+                .is_none_or(|at| now.since(at) >= policy.history_scan_interval_ms);
+            if scan_due {
+                effects.push(Effect::ScanHistory { request_id });
+            }
+            with(u, effects)
+        }
+        Delivery::Accepted(a) => {
+            let request_id = a.core.request_id.clone();
+            with(a, vec![Effect::Observe { request_id }])
+        }
+        Delivery::Running(r) => {
+            let request_id = r.core.request_id.clone();
+            with(r, vec![Effect::Observe { request_id }])
+        }
+        Delivery::Failed(f) => match f.resend {
+            ResendPlan::Final { .. } => done(f),
+            ResendPlan::NotBefore { at } => {
+                if now.since(f.core.since) > policy.resend_window_ms {
+                    done(f.finalize(NoResend::WindowPassed))
+                } else if !facts.work_open {
+                    done(f.finalize(NoResend::WorkDone))
+                } else if now < at {
+                    done(f)
+                } else {
+                    done(f.resend(facts.fresh_request_id, now))
+                }
+            }
+        },
+        other @ (Delivery::Sending(_)
+        | Delivery::Returned(_)
+        | Delivery::Acknowledged(_)
+        | Delivery::Cancelled(_)
+        | Delivery::Duplicate(_)) => done(other),
+    }
+}
+
+fn pass_pending<P>(mut p: P, facts: &PassFacts, now: Millis) -> Arm
+where
+    P: Pending + Into<Delivery>,
+{
+    let core = p.core();
+    // 1. The body changed since enrolment.
+    if facts.body_hash != core.body_hash {
+        return done(p.changed_after_queued(now));
+    }
+    // 2. Read by the recipient, unless this is an automatic resend of work still open.
+    if facts.read_by_recipient && !(core.is_resend() && facts.work_open) {
+        return done(p.acknowledge(now));
+    }
+    // 3. Paused, or the connection is not allowed.
+    match facts.permission {
+        Permission::Paused => return done(p.hold(HeldReason::Paused, now)),
+        Permission::Blocked => return done(p.hold(HeldReason::ConnectionBlocked, now)),
+        Permission::Allowed => {}
+    }
+    // 4. The recipient is gone or moved: nothing is sent blind, nothing redirected.
+    match &facts.recipient {
+        None => return done(p.unavailable(UnavailableReason::AgentMissing, now)),
+        Some(current) if !core.target.same_destination(current) => {
+            return done(p.unavailable(UnavailableReason::TargetChanged, now));
+        }
+        Some(_) => {}
+    }
+    // 5. A one-shot tick cannot host a turn that lives inside its own process.
+    if facts.one_shot && core.target.provider.turns_live_in_starting_process() {
+        return done(p.wait(WaitingReason::NeedsRunningEngine, now));
+    }
+    // 6. An outage: the state stays, the reason goes in the detail, no attempt is spent.
+    if let Some(outage) = &facts.outage {
+        p.core_mut().note = Some(format!("provider outage: {outage}; no attempt spent"));
+        return done(p);
+    }
+    // Every check passed: a lifted hold queues again; then ask about activity (step 7).
+    let record: Delivery = p.into();
+    let record = match record {
+        Delivery::Held(h) => h.wait(WaitingReason::Queued, now).into(),
+        Delivery::Unavailable(u) => u.wait(WaitingReason::Queued, now).into(),
+        Delivery::Waiting(w) if w.reason == WaitingReason::NeedsRunningEngine => {
+            w.wait(WaitingReason::Queued, now).into()
+        }
+        mut other => {
+            other.core_mut().note = None;
+            other
+        }
+    };
+    with(record, vec![Effect::CheckActivity])
+}
+
+// ----- step 7 ------------------------------------------------------------------------------
+
+/// Whether `activity` forbids a write now, and why; `None` when the recipient is free.
+enum Verdict {
+    Free,
+    Busy(BusyReason),
+    Unknown(String),
+}
+
+fn judge(activity: &Activity, policy: &Policy) -> Verdict {
+    match activity {
+        Activity::Busy { turn, detail } => {
+            if policy.planted(PlantedBug::SendWhileBusy) {
+                Verdict::Free
+            } else {
+                Verdict::Busy(BusyReason::RecipientInTurn {
+                    turn: turn.clone(),
+                    detail: detail.clone(),
+                })
+            }
+        }
+        Activity::Unknown { detail } => Verdict::Unknown(detail.clone()),
+        Activity::Idle | Activity::Finished | Activity::Stopped | Activity::Failed => Verdict::Free,
+    }
+}
+
+fn on_activity(record: Delivery, activity: &Activity, now: Millis, policy: &Policy) -> Arm {
+    fn go<P: Pending + Into<Delivery>>(p: P, verdict: Verdict, now: Millis) -> Arm {
+        match verdict {
+            Verdict::Busy(reason) => done(p.busy(reason, now)),
+            Verdict::Unknown(detail) => {
+                done(p.unavailable(UnavailableReason::ActivityUnknown { detail }, now))
+            }
+            Verdict::Free => with(p, vec![Effect::Reserve]),
+        }
+    }
+    let verdict = judge(activity, policy);
+    match record {
+        Delivery::Waiting(p) => go(p, verdict, now),
+        Delivery::Busy(p) => go(p, verdict, now),
+        Delivery::Held(p) => go(p, verdict, now),
+        Delivery::Unavailable(p) => go(p, verdict, now),
+        Delivery::OwnerRejected(p) => go(p, verdict, now),
+        _ => Arm::Ignored("activity matters only before a reservation"),
+    }
+}
+
+// ----- step 8 ------------------------------------------------------------------------------
+
+fn on_reservation(record: Delivery, earlier_active: Option<MessageId>, now: Millis) -> Arm {
+    fn go<P: Pending + Into<Delivery>>(p: P, earlier: Option<MessageId>, now: Millis) -> Arm {
+        match earlier {
+            Some(message) if message != p.core().message => {
+                done(p.busy(BusyReason::EarlierDelivery { message }, now))
+            }
+            _ => with(p.reserve(now), vec![Effect::Prepare]),
+        }
+    }
+    match record {
+        Delivery::Waiting(p) => go(p, earlier_active, now),
+        Delivery::Busy(p) => go(p, earlier_active, now),
+        Delivery::Held(p) => go(p, earlier_active, now),
+        Delivery::Unavailable(p) => go(p, earlier_active, now),
+        Delivery::OwnerRejected(p) => go(p, earlier_active, now),
+        // Already reserved: a repeated reservation reserves nothing more.
+        s @ Delivery::Sending(_) => done(s),
+        _ => Arm::Ignored("only a pending delivery can be reserved"),
+    }
+}
+
+// ----- step 9 ------------------------------------------------------------------------------
+
+fn on_send_boundary(
+    record: Delivery,
+    permission: Permission,
+    recipient: Option<&Target>,
+    activity: &Activity,
+    now: Millis,
+    policy: &Policy,
+) -> Arm {
+    let Delivery::Sending(s) = record else {
+        return Arm::Ignored("the send boundary is checked only while SENDING");
+    };
+    if s.write_issued {
+        // The write was handed over already; it is never handed over twice.
+        return done(s);
+    }
+    match permission {
+        Permission::Paused => return done(s.back_out().hold(HeldReason::Paused, now)),
+        Permission::Blocked => return done(s.back_out().hold(HeldReason::ConnectionBlocked, now)),
+        Permission::Allowed => {}
+    }
+    match recipient {
+        None => {
+            return done(
+                s.back_out()
+                    .unavailable(UnavailableReason::AgentMissing, now),
+            );
+        }
+        Some(current) if !s.core.target.same_destination(current) => {
+            return done(
+                s.back_out()
+                    .unavailable(UnavailableReason::TargetChanged, now),
+            );
+        }
+        Some(_) => {}
+    }
+    match judge(activity, policy) {
+        Verdict::Busy(reason) => done(s.back_out().busy(reason, now)),
+        Verdict::Unknown(detail) => done(
+            s.back_out()
+                .unavailable(UnavailableReason::ActivityUnknown { detail }, now),
+        ),
+        Verdict::Free => {
+            let write = Effect::Write {
+                request_id: s.core.request_id.clone(),
+                target: s.core.target.clone(),
+            };
+            with(s.issue_write(), vec![write])
+        }
+    }
+}
+
+// ----- step 10 -----------------------------------------------------------------------------
+
+fn on_write_result(record: Delivery, outcome: WriteOutcome, now: Millis, policy: &Policy) -> Arm {
+    match record {
+        Delivery::Sending(s) if s.write_issued => match outcome {
+            WriteOutcome::Receipt { turn, request_id } => {
+                if request_id.as_ref() == Some(&s.core.request_id) {
+                    done(s.accept(turn, now))
+                } else {
+                    done(s.uncertain(UncertainCause::NoExactReceipt, now))
+                }
+            }
+            WriteOutcome::Refused { detail } => match s.refused(detail, now, policy) {
+                Ok(rejected) => done(rejected),
+                Err(failed) => done(failed),
+            },
+            WriteOutcome::Failed { detail } => {
+                done(s.uncertain(UncertainCause::WriteError { detail }, now))
+            }
+            WriteOutcome::TimedOut => done(s.uncertain(UncertainCause::NoReplyInTime, now)),
+        },
+        Delivery::Sending(_) => Arm::Ignored("no write was issued for this reservation"),
+        // A late exact receipt settles an uncertain write.
+        Delivery::Uncertain(u) => match outcome {
+            WriteOutcome::Receipt {
+                turn,
+                request_id: Some(r),
+            } if r == u.core.request_id => done(u.observed_accepted(turn, now)),
+            _ => Arm::Ignored("only an exact receipt settles an uncertain write"),
+        },
+        d @ (Delivery::Accepted(_) | Delivery::Running(_) | Delivery::Returned(_))
+            if matches!(outcome, WriteOutcome::Receipt { .. }) =>
+        {
+            done(d)
+        }
+        _ => Arm::Ignored("no write is in flight"),
+    }
+}
+
+// ----- SPEC §2.3 observation ---------------------------------------------------------------
+
+fn on_observation(record: Delivery, observed: Observed, now: Millis, policy: &Policy) -> Arm {
+    match record {
+        Delivery::Uncertain(u) => observe(u, observed, now, policy),
+        Delivery::Accepted(a) => match observed {
+            Observed::Accepted { .. } => {
+                let mut a = a;
+                a.observed_at = now;
+                done(a)
+            }
+            other => observe(a, other, now, policy),
+        },
+        Delivery::Running(r) => match observed {
+            Observed::Accepted { .. } | Observed::Running { .. } => {
+                let mut r = r;
+                r.observed_at = now;
+                done(r)
+            }
+            Observed::Failed {
+                turn_open: true, ..
+            } => {
+                let mut r = r;
+                r.observed_at = now;
+                r.core.note = Some("recoverable error".to_owned());
+                done(r)
+            }
+            other => observe(r, other, now, policy),
+        },
+        d @ Delivery::Returned(_) if matches!(observed, Observed::Returned { .. }) => done(d),
+        _ => Arm::Ignored("only an active delivery is observed"),
+    }
+}
+
+fn observe<O>(o: O, observed: Observed, now: Millis, policy: &Policy) -> Arm
+where
+    O: Observable + Into<Delivery>,
+{
+    match observed {
+        Observed::Accepted { turn } => done(o.observed_accepted(turn, now)),
+        Observed::Running { turn } => done(o.observed_running(turn, now)),
+        Observed::Returned { turn } => done(o.observed_returned(turn, now)),
+        Observed::Failed {
+            turn,
+            turn_open: true,
+            ..
+        } => {
+            let mut r = o.observed_running(turn, now);
+            r.core.note = Some("recoverable error".to_owned());
+            done(r)
+        }
+        Observed::Failed {
+            turn,
+            failure,
+            turn_open: false,
+        } => done(o.observed_failed(turn, failure, now, policy)),
+        // Nothing learned; the unobserved limit and the history scans decide.
+        Observed::NotFound | Observed::Unreachable { .. } => done(o),
+    }
+}
+
+// ----- SPEC §2.4 honest release ------------------------------------------------------------
+
+fn on_scan(record: Delivery, scan: ScanResult, now: Millis, policy: &Policy) -> Arm {
+    let Delivery::Uncertain(mut u) = record else {
+        return Arm::Ignored("history scans reconcile only UNCERTAIN deliveries");
+    };
+    match scan {
+        ScanResult::Found {
+            observed:
+                observed @ (Observed::Accepted { .. }
+                | Observed::Running { .. }
+                | Observed::Returned { .. }
+                | Observed::Failed { .. }),
+        } => observe(u, observed, now, policy),
+        ScanResult::Found { .. } | ScanResult::NothingFound { complete: false } => {
+            u.scans.last_at = Some(now);
+            done(u)
+        }
+        ScanResult::NothingFound { complete: true } => {
+            u.scans.last_at = Some(now);
+            if u.turn.is_some() {
+                // A receipt proved it landed: no scan can prove otherwise.
+                u.core.note =
+                    Some("a receipt proved it landed; only a person can release it".to_owned());
+                return done(u);
+            }
+            u.scans.empty += 1;
+            let first = *u.scans.first_empty_at.get_or_insert(now);
+            if u.scans.empty >= policy.history_scans_min
+                && now.since(first) >= policy.history_scan_span_ms
+            {
+                done(u.never_delivered(now))
+            } else {
+                done(u)
+            }
+        }
+    }
+}
+
+fn on_release(record: Delivery, note: Option<String>, now: Millis) -> Arm {
+    match record {
+        Delivery::Waiting(s) => done(s.release(note, now)),
+        Delivery::Busy(s) => done(s.release(note, now)),
+        Delivery::Held(s) => done(s.release(note, now)),
+        Delivery::Unavailable(s) => done(s.release(note, now)),
+        Delivery::OwnerRejected(s) => done(s.release(note, now)),
+        Delivery::Sending(s) => done(s.release(note, now)),
+        Delivery::Uncertain(s) => done(s.release(note, now)),
+        Delivery::Accepted(s) => done(s.release(note, now)),
+        Delivery::Running(s) => done(s.release(note, now)),
+        Delivery::Failed(f) => match f.resend {
+            ResendPlan::NotBefore { .. } => done(f.finalize(NoResend::Released)),
+            ResendPlan::Final { .. } => Arm::Ignored("already FAILED; nothing to release"),
+        },
+        c @ Delivery::Cancelled(_) => done(c),
+        Delivery::Returned(_) => Arm::Ignored("already RETURNED; nothing to release"),
+        Delivery::Acknowledged(_) => Arm::Ignored("already ACKNOWLEDGED; nothing to release"),
+        Delivery::Duplicate(_) => Arm::Ignored("a DUPLICATE was never sent; nothing to release"),
+    }
+}
+
+// ----- SPEC §2.3 timeouts ------------------------------------------------------------------
+
+fn on_time(record: Delivery, now: Millis, policy: &Policy) -> Arm {
+    match record {
+        Delivery::Sending(s) if now.since(s.reserved_at) >= policy.sending_timeout_ms => {
+            done(s.uncertain(UncertainCause::NoReplyInTime, now))
+        }
+        Delivery::Accepted(a) if now.since(a.observed_at) >= policy.unobserved_limit_ms => {
+            done(a.unobservable(now))
+        }
+        Delivery::Running(r) if now.since(r.observed_at) >= policy.unobserved_limit_ms => {
+            done(r.unobservable(now))
+        }
+        other => done(other),
+    }
+}

@@ -1,0 +1,354 @@
+//! Model checking the delivery rules (SPEC §3, §9): the worlds of `world.rs`, each explored
+//! exhaustively by stateright, with every guarantee as a property; and the same checks run
+//! against deliberately broken policies, to show they can fail.
+
+mod properties;
+mod world;
+
+use model::{MessageKind, PlantedBug, Policy, StateKind};
+use properties as p;
+use stateright::{Checker, HasDiscoveries, Model, Property};
+use std::collections::BTreeSet;
+use std::io::Write as _;
+use world::{Faults, HOUR_MS, Msg, World};
+
+const WORK: Msg = Msg {
+    kind: MessageKind::Work,
+    identical_to: None,
+};
+const PLAIN: Msg = Msg {
+    kind: MessageKind::Plain,
+    identical_to: None,
+};
+
+/// Two deliveries to one recipient, with lost replies, crashes, refusals and a person who
+/// types into the session: G2, G3 and G8 under concurrency.
+fn two_deliveries(policy: Policy) -> World {
+    World {
+        policy,
+        messages: vec![WORK, PLAIN],
+        faults: Faults {
+            lost_replies: 1,
+            crashes: 1,
+            refusals: 1,
+            foreign_turns: 1,
+            releases: 1,
+            time_jumps: 2,
+            ..Faults::default()
+        },
+        horizon_ms: 2 * HOUR_MS,
+        urgent: false,
+        properties: || {
+            let mut props = p::safety();
+            for kind in [
+                StateKind::Waiting,
+                StateKind::Busy,
+                StateKind::OwnerRejected,
+                StateKind::Sending,
+                StateKind::Uncertain,
+                StateKind::Accepted,
+                StateKind::Running,
+                StateKind::Returned,
+                StateKind::Cancelled,
+            ] {
+                props.push(p::reach(kind));
+            }
+            props.push(Property::sometimes(
+                "a crash mid-write is a lost reply (UNCERTAIN)",
+                p::crash_mid_write_becomes_uncertain,
+            ));
+            props
+        },
+    }
+}
+
+/// One piece of work whose turns error and get interrupted: the resend bounds of G4.
+fn resends(policy: Policy, errored_turns: u8) -> World {
+    World {
+        policy,
+        messages: vec![WORK],
+        faults: Faults {
+            errored_turns,
+            interrupted_turns: 1,
+            foreign_turns: 1,
+            work_done: 1,
+            long_sleeps: 1,
+            time_jumps: 4,
+            ..Faults::default()
+        },
+        horizon_ms: 26 * HOUR_MS,
+        urgent: false,
+        properties: || {
+            let mut props = p::safety();
+            props.push(Property::sometimes(
+                "a resend goes out",
+                p::a_resend_goes_out,
+            ));
+            props.push(Property::sometimes(
+                "an interrupted turn is resent after the wait",
+                p::interrupted_turn_resent_after_wait,
+            ));
+            props.push(Property::sometimes(
+                "the resend window closes",
+                p::resend_window_closes,
+            ));
+            props
+        },
+    }
+}
+
+/// One plain handoff whose reply can be lost, whose engine can crash mid-write and whose
+/// agent can go down: UNCERTAIN, history scans and release (G5).
+fn honest_release(policy: Policy) -> World {
+    World {
+        policy,
+        messages: vec![PLAIN],
+        faults: Faults {
+            lost_replies: 2,
+            crashes: 1,
+            agent_downs: 2,
+            releases: 1,
+            errored_turns: 1,
+            time_jumps: 6,
+            ..Faults::default()
+        },
+        horizon_ms: 3 * HOUR_MS,
+        urgent: false,
+        properties: || {
+            let mut props = p::safety();
+            props.push(p::reach(StateKind::Uncertain));
+            props.push(p::reach(StateKind::Cancelled));
+            props.push(Property::sometimes(
+                "history scans prove a delivery never landed",
+                p::scans_prove_never_delivered,
+            ));
+            props
+        },
+    }
+}
+
+/// One plain handoff under an outage, a pause, a block and a moved endpoint: G1 and G6, and
+/// the holding states.
+fn holds(policy: Policy) -> World {
+    World {
+        policy,
+        messages: vec![PLAIN],
+        faults: Faults {
+            outages: 2,
+            pauses: 1,
+            blocks: 1,
+            endpoint_changes: 1,
+            reads: 1,
+            time_jumps: 2,
+            ..Faults::default()
+        },
+        horizon_ms: HOUR_MS,
+        urgent: false,
+        properties: || {
+            let mut props = p::safety();
+            props.push(p::reach(StateKind::Held));
+            props.push(p::reach(StateKind::Unavailable));
+            props
+        },
+    }
+}
+
+/// Two plain handoffs, the second identical to the first, with a reader, an edited body and
+/// refusals: enrolment, acknowledgement and the refusal rule of G2.
+fn edits(policy: Policy, refusals: u8) -> World {
+    World {
+        policy,
+        messages: vec![
+            PLAIN,
+            Msg {
+                kind: MessageKind::Plain,
+                identical_to: Some(0),
+            },
+        ],
+        faults: Faults {
+            body_changes: 1,
+            reads: 1,
+            refusals,
+            lost_replies: 1,
+            time_jumps: 2,
+            ..Faults::default()
+        },
+        horizon_ms: HOUR_MS,
+        urgent: false,
+        properties: || {
+            let mut props = p::safety();
+            for kind in [
+                StateKind::OwnerRejected,
+                StateKind::Failed,
+                StateKind::Acknowledged,
+                StateKind::Duplicate,
+            ] {
+                props.push(p::reach(kind));
+            }
+            props
+        },
+    }
+}
+
+/// A reliable environment (no lost replies, crashes, outages or refusals; turns may still
+/// error, be interrupted or be delayed by a person): every delivery settles.
+fn reliable() -> World {
+    World {
+        policy: Policy::default(),
+        messages: vec![WORK, PLAIN],
+        faults: Faults {
+            errored_turns: 2,
+            interrupted_turns: 1,
+            foreign_turns: 1,
+            ..Faults::default()
+        },
+        horizon_ms: 4 * HOUR_MS,
+        urgent: true,
+        properties: || {
+            let mut props = p::safety();
+            props.push(Property::eventually(p::LIVENESS, p::every_delivery_settles));
+            props
+        },
+    }
+}
+
+fn say(line: &str) {
+    // Straight to stderr, past the test harness's capture, so the counts always show.
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
+/// Explores `world` exhaustively, asserts every property, prints and pins the state count.
+fn check_all(name: &str, world: World, pinned: usize) {
+    let started = std::time::Instant::now();
+    let checker = world.checker().threads(1).spawn_bfs().join();
+    let unique = checker.unique_state_count();
+    say(&format!(
+        "model {name}: {unique} unique states, {} generated, depth {}, {:.1?}",
+        checker.state_count(),
+        checker.max_depth(),
+        started.elapsed()
+    ));
+    checker.assert_properties();
+    assert_eq!(
+        unique, pinned,
+        "the {name} model's state count changed: update the pinned count if the change is intended"
+    );
+}
+
+/// Runs `world` until `property` has a counterexample, prints it, and returns it.
+fn counterexample(world: World, property: &'static str) -> String {
+    let checker = world
+        .checker()
+        .threads(1)
+        .finish_when(HasDiscoveries::AnyOf(BTreeSet::from([property])))
+        .spawn_bfs()
+        .join();
+    let path = checker
+        .discovery(property)
+        .unwrap_or_else(|| panic!("the checker did not catch the broken rule: {property} held"));
+    let text = format!("{property} fails:\n{path}");
+    say(&text);
+    text
+}
+
+#[test]
+fn two_deliveries_to_one_recipient_keep_every_guarantee() {
+    check_all("two deliveries", two_deliveries(Policy::default()), 407_434);
+}
+
+#[test]
+fn resends_stay_within_their_bounds() {
+    check_all("resends", resends(Policy::default(), 3), 408_122);
+}
+
+#[test]
+fn uncertain_deliveries_are_only_released_honestly() {
+    check_all(
+        "honest release",
+        honest_release(Policy::default()),
+        1_092_777,
+    );
+}
+
+#[test]
+fn holds_and_outages_spend_no_attempt() {
+    check_all("holds", holds(Policy::default()), 32_767);
+}
+
+#[test]
+fn edits_reads_and_refusals_are_judged_before_sending() {
+    check_all("edits", edits(Policy::default(), 2), 39_623);
+}
+
+#[test]
+fn a_reliable_recipient_settles_every_delivery() {
+    check_all("reliable", reliable(), 13_212);
+}
+
+#[test]
+fn every_state_is_reached_by_some_world() {
+    let worlds = [
+        two_deliveries(Policy::default()),
+        resends(Policy::default(), 3),
+        honest_release(Policy::default()),
+        holds(Policy::default()),
+        edits(Policy::default(), 2),
+        reliable(),
+    ];
+    let names: BTreeSet<&str> = worlds
+        .iter()
+        .flat_map(|w| w.properties().into_iter().map(|p| p.name))
+        .collect();
+    for kind in StateKind::ALL {
+        let name = p::reach(kind).name;
+        assert!(names.contains(name), "no world has the property {name:?}");
+    }
+}
+
+#[test]
+fn a_second_refusal_retry_is_caught_by_g2() {
+    let broken = Policy {
+        refusal_retries_max: 2,
+        ..Policy::default()
+    };
+    let path = counterexample(edits(broken, 3), p::G2);
+    assert!(path.contains("Write(0, true)") || path.contains("Write(1, true)"));
+}
+
+#[test]
+fn sending_while_busy_is_caught_by_g3() {
+    let broken = Policy {
+        planted_bug: Some(PlantedBug::SendWhileBusy),
+        ..Policy::default()
+    };
+    let path = counterexample(two_deliveries(broken), p::G3);
+    assert!(path.contains("Write("));
+}
+
+#[test]
+fn a_third_error_resend_is_caught_by_g4() {
+    let broken = Policy {
+        error_resends_max: 3,
+        ..Policy::default()
+    };
+    let path = counterexample(resends(broken, 3), p::G4);
+    assert_eq!(path.matches("TurnEnds(Some(Errored))").count(), 3);
+}
+
+#[test]
+fn resending_from_uncertain_is_caught_by_g4() {
+    let broken = Policy {
+        planted_bug: Some(PlantedBug::ResendFromUncertain),
+        ..Policy::default()
+    };
+    counterexample(honest_release(broken), p::G4);
+}
+
+#[test]
+fn cancelling_after_one_scan_is_caught_by_g5() {
+    let broken = Policy {
+        history_scans_min: 1,
+        ..Policy::default()
+    };
+    counterexample(honest_release(broken), p::G5);
+}

@@ -1,0 +1,765 @@
+//! The world the delivery rules are checked in: one durable store, an engine that can crash
+//! and recover from it, one recipient whose session can be idle, busy with our turn or with
+//! someone else's, finish, fail, be interrupted, refuse, go down and lose replies, and a
+//! person who can read, release, pause and block. Every change to a delivery goes through
+//! `model::step`, the very function the engine calls.
+//!
+//! Beside the world, a ghost log records what really happened (writes the recipient saw,
+//! reservations, resends, scans, cancels), so properties judge the rules from outside them.
+
+use model::states::TurnFailure;
+use model::{
+    Activity, Change, Core, Delivery, Effect, Event, EventKind, MessageId, MessageKind, Millis,
+    Observed, PassFacts, Permission, Policy, Provider, RequestId, ScanResult, StateKind, Target,
+    TurnId, WriteOutcome,
+};
+use stateright::Model;
+
+pub const MINUTE_MS: u64 = 60_000;
+pub const HOUR_MS: u64 = 60 * MINUTE_MS;
+
+/// A message the world will send.
+#[derive(Clone, Debug)]
+pub struct Msg {
+    pub kind: MessageKind,
+    /// The same sender, recipient and body as an earlier message.
+    pub identical_to: Option<usize>,
+}
+
+/// How many times each fault or human act may happen in one run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Faults {
+    pub lost_replies: u8,
+    pub crashes: u8,
+    pub refusals: u8,
+    pub errored_turns: u8,
+    pub interrupted_turns: u8,
+    pub foreign_turns: u8,
+    pub outages: u8,
+    pub agent_downs: u8,
+    pub releases: u8,
+    pub reads: u8,
+    pub work_done: u8,
+    pub pauses: u8,
+    pub blocks: u8,
+    pub endpoint_changes: u8,
+    pub body_changes: u8,
+    /// Days the engine may sleep through (jumps past a resend window).
+    pub long_sleeps: u8,
+    /// Jumps of the clock to the next deadline (unbounded in urgent worlds, where time only
+    /// passes when nothing else can happen).
+    pub time_jumps: u8,
+}
+
+#[derive(Clone, Debug)]
+pub struct World {
+    /// The policy the engine runs with (a test may break it on purpose).
+    pub policy: Policy,
+    pub messages: Vec<Msg>,
+    pub faults: Faults,
+    /// Time never passes beyond this.
+    pub horizon_ms: u64,
+    /// Liveness mode: time passes only when nothing else can happen.
+    pub urgent: bool,
+    pub properties: fn() -> Vec<stateright::Property<World>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Session {
+    Idle,
+    /// Our turn, by its index in the recipient's history.
+    Ours(u8),
+    /// A turn someone else started (a person typing, another tool).
+    Foreign,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TurnStatus {
+    Running,
+    Returned,
+    Failed(TurnFailure),
+}
+
+/// A write that landed in the recipient's session: its history, which a scan searches.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Landed {
+    pub msg: u8,
+    pub request_id: RequestId,
+    pub status: TurnStatus,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Phase {
+    /// The reservation is committed; the write has not gone out.
+    Reserved,
+    /// The write went out; the reply (if not lost) is on its way back.
+    Awaiting(Option<WriteOutcome>),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Inflight {
+    pub msg: u8,
+    pub phase: Phase,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MsgState {
+    pub read: bool,
+    pub work_done: bool,
+    pub body_changed: bool,
+}
+
+/// One write the recipient's app received.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct WriteLog {
+    pub msg: u8,
+    pub request_id: RequestId,
+    pub target_is_frozen: bool,
+    pub agent_moved: bool,
+    pub session_busy: bool,
+    pub refused: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ResendLog {
+    pub msg: u8,
+    pub from: StateKind,
+    pub failure: Option<TurnFailure>,
+    pub failed_at: Millis,
+    pub at: Millis,
+    pub fresh_id_new: bool,
+    pub work_open: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ScanLog {
+    pub msg: u8,
+    pub request_id: RequestId,
+    pub at: Millis,
+    pub complete_and_empty: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct CancelLog {
+    pub msg: u8,
+    pub by_person: bool,
+    pub request_id: RequestId,
+    pub at: Millis,
+}
+
+/// What really happened, kept beside the world for the properties.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Ghost {
+    pub writes: Vec<WriteLog>,
+    /// Reservations ever made, per message, across all series.
+    pub reservations: Vec<u8>,
+    pub reserved_during_outage: bool,
+    pub resends: Vec<ResendLog>,
+    pub scans: Vec<ScanLog>,
+    pub cancels: Vec<CancelLog>,
+    /// A crash struck between a reservation and its reply.
+    pub crashed_mid_write: Vec<u8>,
+    /// The frozen target of each message, as enrolled.
+    pub frozen: Vec<Option<Target>>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct State {
+    pub now: Millis,
+    /// The durable store: one record per enrolled message.
+    pub store: Vec<Option<Delivery>>,
+    /// The engine's memory, lost in a crash.
+    pub inflight: Vec<Inflight>,
+    pub msgs: Vec<MsgState>,
+    pub session: Session,
+    pub history: Vec<Landed>,
+    pub endpoint: u8,
+    pub agent_down: bool,
+    pub outage: bool,
+    pub paused: bool,
+    pub blocked: bool,
+    pub left: Faults,
+    pub ghost: Ghost,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Action {
+    Send(u8),
+    Pass(u8),
+    Write(u8, bool),
+    Reply(u8),
+    LoseReply(u8),
+    WriteTimesOut(u8),
+    Crash,
+    TurnEnds(Option<TurnFailure>),
+    ForeignTurnStarts,
+    ForeignTurnEnds,
+    OutageStarts,
+    OutageEnds,
+    AgentDown,
+    AgentUp,
+    Read(u8),
+    WorkDone(u8),
+    Release(u8),
+    TogglePause,
+    ToggleBlock,
+    EndpointChanges,
+    BodyChanges(u8),
+    Advance(Millis, bool),
+}
+
+fn target(endpoint: u8) -> Target {
+    Target {
+        agent: model::AgentId::new("rcpt"),
+        provider: Provider::Command,
+        endpoint: format!("s{endpoint}"),
+        cwd: "/w".to_owned(),
+    }
+}
+
+fn request_id(msg: usize, series: usize) -> RequestId {
+    RequestId::new(format!("r{msg}.{series}"))
+}
+
+fn body_hash(msg: &Msg, index: usize, changed: bool) -> String {
+    let base = msg.identical_to.unwrap_or(index);
+    if changed {
+        format!("b{base}'")
+    } else {
+        format!("b{base}")
+    }
+}
+
+impl World {
+    /// Applies one event to message `k` through `model::step`, committing the record and
+    /// logging what the ghost needs. Returns the effects to perform.
+    fn apply(&self, s: &mut State, k: usize, kind: EventKind) -> Vec<Effect> {
+        let Some(record) = s.store[k].clone() else {
+            return Vec::new();
+        };
+        let is_release = matches!(kind, EventKind::Release { .. });
+        let before_kind = record.kind();
+        let before_since = record.core().since;
+        let before_failure = match &record {
+            Delivery::Failed(f) => match f.cause {
+                model::states::FailCause::Turn { failure } => Some(failure),
+                _ => None,
+            },
+            _ => None,
+        };
+        let before_ids: Vec<RequestId> = record
+            .core()
+            .earlier_request_ids
+            .iter()
+            .chain(std::iter::once(&record.core().request_id))
+            .cloned()
+            .collect();
+        let step = model::step(record, Event::new(s.now, kind), &self.policy);
+        if let Change::Moved { to, .. } = step.change {
+            if to == StateKind::Sending {
+                s.ghost.reservations[k] += 1;
+                if s.outage {
+                    s.ghost.reserved_during_outage = true;
+                }
+            }
+            if to == StateKind::Cancelled {
+                s.ghost.cancels.push(CancelLog {
+                    msg: k as u8,
+                    by_person: is_release,
+                    request_id: step.record.core().request_id.clone(),
+                    at: s.now,
+                });
+            }
+        }
+        let new_id = &step.record.core().request_id;
+        if Some(new_id) != before_ids.last() {
+            s.ghost.resends.push(ResendLog {
+                msg: k as u8,
+                from: before_kind,
+                failure: before_failure,
+                failed_at: before_since,
+                at: s.now,
+                fresh_id_new: !before_ids.contains(new_id)
+                    && !s.history.iter().any(|l| &l.request_id == new_id),
+                work_open: self.work_open(s, k),
+            });
+        }
+        s.store[k] = Some(step.record);
+        step.effects
+    }
+
+    fn work_open(&self, s: &State, k: usize) -> bool {
+        match self.messages[k].kind {
+            MessageKind::Plain => !s.msgs[k].read,
+            MessageKind::Work => !s.msgs[k].work_done,
+        }
+    }
+
+    fn activity(s: &State) -> Activity {
+        if s.agent_down {
+            Activity::Unknown {
+                detail: "agent host down".to_owned(),
+            }
+        } else {
+            match s.session {
+                Session::Idle => Activity::Idle,
+                Session::Ours(i) => Activity::Busy {
+                    turn: Some(TurnId::new(format!("t{i}"))),
+                    detail: None,
+                },
+                Session::Foreign => Activity::Busy {
+                    turn: None,
+                    detail: None,
+                },
+            }
+        }
+    }
+
+    fn permission(s: &State) -> Permission {
+        if s.paused {
+            Permission::Paused
+        } else if s.blocked {
+            Permission::Blocked
+        } else {
+            Permission::Allowed
+        }
+    }
+
+    fn observe(s: &State, request_id: &RequestId) -> Observed {
+        if s.agent_down {
+            return Observed::Unreachable {
+                detail: "agent host down".to_owned(),
+            };
+        }
+        match s
+            .history
+            .iter()
+            .enumerate()
+            .find(|(_, l)| &l.request_id == request_id)
+        {
+            None => Observed::NotFound,
+            Some((i, landed)) => {
+                let turn = TurnId::new(format!("t{i}"));
+                match landed.status {
+                    TurnStatus::Running => Observed::Running { turn },
+                    TurnStatus::Returned => Observed::Returned { turn },
+                    TurnStatus::Failed(failure) => Observed::Failed {
+                        turn,
+                        failure,
+                        turn_open: false,
+                    },
+                }
+            }
+        }
+    }
+
+    fn pass(&self, s: &mut State, k: usize) {
+        self.apply(s, k, EventKind::TimePassed);
+        let series = s.store[k]
+            .as_ref()
+            .map_or(0, |d| d.core().earlier_request_ids.len() + 1);
+        let facts = PassFacts {
+            body_hash: body_hash(&self.messages[k], k, s.msgs[k].body_changed),
+            read_by_recipient: s.msgs[k].read,
+            work_open: self.work_open(s, k),
+            permission: Self::permission(s),
+            recipient: Some(target(s.endpoint)),
+            one_shot: false,
+            outage: s.outage.then(|| "provider outage".to_owned()),
+            fresh_request_id: request_id(k, series),
+        };
+        let mut effects = self.apply(s, k, EventKind::PassStarted(facts));
+        while let Some(effect) = (!effects.is_empty()).then(|| effects.remove(0)) {
+            let more = match effect {
+                Effect::CheckActivity => {
+                    let activity = Self::activity(s);
+                    self.apply(s, k, EventKind::ActivityObserved { activity })
+                }
+                Effect::Reserve => {
+                    let earlier_active = s.store.iter().enumerate().find_map(|(j, d)| {
+                        d.as_ref()
+                            .filter(|d| j != k && d.is_active())
+                            .map(|d| d.core().message.clone())
+                    });
+                    self.apply(s, k, EventKind::Reservation { earlier_active })
+                }
+                Effect::Prepare => {
+                    s.inflight.push(Inflight {
+                        msg: k as u8,
+                        phase: Phase::Reserved,
+                    });
+                    Vec::new()
+                }
+                Effect::Observe { request_id } => {
+                    let observed = Self::observe(s, &request_id);
+                    self.apply(s, k, EventKind::Observation { observed })
+                }
+                Effect::ScanHistory { request_id } => {
+                    let scan = if s.agent_down {
+                        ScanResult::NothingFound { complete: false }
+                    } else {
+                        match Self::observe(s, &request_id) {
+                            Observed::NotFound | Observed::Unreachable { .. } => {
+                                ScanResult::NothingFound { complete: true }
+                            }
+                            observed => ScanResult::Found { observed },
+                        }
+                    };
+                    s.ghost.scans.push(ScanLog {
+                        msg: k as u8,
+                        request_id: request_id.clone(),
+                        at: s.now,
+                        complete_and_empty: scan == ScanResult::NothingFound { complete: true },
+                    });
+                    self.apply(s, k, EventKind::HistoryScan { scan })
+                }
+                Effect::Write { .. } => Vec::new(), // only the send boundary issues writes
+            };
+            effects.extend(more);
+        }
+    }
+
+    fn write(&self, s: &mut State, slot: usize, refuse: bool) {
+        let k = s.inflight[slot].msg as usize;
+        let event = EventKind::SendBoundary {
+            permission: Self::permission(s),
+            recipient: Some(target(s.endpoint)),
+            activity: Self::activity(s),
+        };
+        let effects = self.apply(s, k, event);
+        let Some(Effect::Write {
+            request_id,
+            target: to,
+        }) = effects.into_iter().next()
+        else {
+            s.inflight.remove(slot);
+            return;
+        };
+        let frozen = s.ghost.frozen[k].clone();
+        let mut log = WriteLog {
+            msg: k as u8,
+            request_id: request_id.clone(),
+            target_is_frozen: Some(&to) == frozen.as_ref(),
+            agent_moved: Some(&target(s.endpoint)) != frozen.as_ref(),
+            session_busy: s.session != Session::Idle,
+            refused: false,
+        };
+        let outcome = if s.agent_down || refuse {
+            if refuse {
+                s.left.refusals -= 1;
+            }
+            log.refused = true;
+            WriteOutcome::Refused {
+                detail: "refused".to_owned(),
+            }
+        } else {
+            let index = s.history.len();
+            s.history.push(Landed {
+                msg: k as u8,
+                request_id: request_id.clone(),
+                status: TurnStatus::Running,
+            });
+            s.session = Session::Ours(index as u8);
+            WriteOutcome::Receipt {
+                turn: TurnId::new(format!("t{index}")),
+                request_id: Some(request_id),
+            }
+        };
+        s.ghost.writes.push(log);
+        s.inflight[slot].phase = Phase::Awaiting(Some(outcome));
+    }
+
+    /// The instants at which time alone changes something; `true` marks a sleep through a
+    /// resend window.
+    fn deadlines(&self, s: &State) -> Vec<(Millis, bool)> {
+        let mut out = Vec::new();
+        for d in s.store.iter().flatten() {
+            if let Some(t) = d.next_deadline(&self.policy) {
+                out.push((t, false));
+            }
+            if let Delivery::Failed(f) = d {
+                if matches!(f.resend, model::states::ResendPlan::NotBefore { .. })
+                    && s.left.long_sleeps > 0
+                {
+                    out.push((f.core.since.plus_ms(self.policy.resend_window_ms + 1), true));
+                }
+            }
+        }
+        out.retain(|(t, _)| *t > s.now && t.0 <= self.horizon_ms);
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    fn non_time_actions(&self, s: &State, actions: &mut Vec<Action>) {
+        let n = self.messages.len();
+        for k in 0..n {
+            let k8 = k as u8;
+            match &s.store[k] {
+                None => {
+                    if k == 0 || s.store[k - 1].is_some() {
+                        actions.push(Action::Send(k8));
+                    }
+                }
+                Some(_) => {
+                    actions.push(Action::Pass(k8));
+                    if s.left.reads > 0 && !s.msgs[k].read {
+                        actions.push(Action::Read(k8));
+                    }
+                    if s.left.work_done > 0
+                        && !s.msgs[k].work_done
+                        && self.messages[k].kind == MessageKind::Work
+                    {
+                        actions.push(Action::WorkDone(k8));
+                    }
+                    if s.left.releases > 0 {
+                        actions.push(Action::Release(k8));
+                    }
+                    if s.left.body_changes > 0 && !s.msgs[k].body_changed {
+                        actions.push(Action::BodyChanges(k8));
+                    }
+                }
+            }
+        }
+        for f in &s.inflight {
+            match &f.phase {
+                Phase::Reserved => {
+                    actions.push(Action::Write(f.msg, false));
+                    if s.left.refusals > 0 {
+                        actions.push(Action::Write(f.msg, true));
+                    }
+                }
+                Phase::Awaiting(Some(_)) => {
+                    actions.push(Action::Reply(f.msg));
+                    if s.left.lost_replies > 0 {
+                        actions.push(Action::LoseReply(f.msg));
+                    }
+                }
+                Phase::Awaiting(None) => actions.push(Action::WriteTimesOut(f.msg)),
+            }
+        }
+        if s.left.crashes > 0 && !s.inflight.is_empty() {
+            actions.push(Action::Crash);
+        }
+        match s.session {
+            Session::Ours(_) => {
+                actions.push(Action::TurnEnds(None));
+                if s.left.errored_turns > 0 {
+                    actions.push(Action::TurnEnds(Some(TurnFailure::Errored)));
+                }
+                if s.left.interrupted_turns > 0 {
+                    actions.push(Action::TurnEnds(Some(TurnFailure::Interrupted)));
+                }
+            }
+            Session::Foreign => actions.push(Action::ForeignTurnEnds),
+            Session::Idle => {
+                if s.left.foreign_turns > 0 {
+                    actions.push(Action::ForeignTurnStarts);
+                }
+            }
+        }
+        if s.outage {
+            actions.push(Action::OutageEnds);
+        } else if s.left.outages > 0 {
+            actions.push(Action::OutageStarts);
+        }
+        if s.agent_down {
+            actions.push(Action::AgentUp);
+        } else if s.left.agent_downs > 0 {
+            actions.push(Action::AgentDown);
+        }
+        if s.paused || s.left.pauses > 0 {
+            actions.push(Action::TogglePause);
+        }
+        if s.blocked || s.left.blocks > 0 {
+            actions.push(Action::ToggleBlock);
+        }
+        if s.left.endpoint_changes > 0 {
+            actions.push(Action::EndpointChanges);
+        }
+    }
+}
+
+impl Model for World {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        let n = self.messages.len();
+        vec![State {
+            now: Millis(0),
+            store: vec![None; n],
+            inflight: Vec::new(),
+            msgs: vec![MsgState::default(); n],
+            session: Session::Idle,
+            history: Vec::new(),
+            endpoint: 0,
+            agent_down: false,
+            outage: false,
+            paused: false,
+            blocked: false,
+            left: self.faults,
+            ghost: Ghost {
+                reservations: vec![0; n],
+                frozen: vec![None; n],
+                ..Ghost::default()
+            },
+        }]
+    }
+
+    fn actions(&self, s: &State, actions: &mut Vec<Action>) {
+        self.non_time_actions(s, actions);
+        if self.urgent {
+            if actions
+                .iter()
+                .any(|a| self.next_state(s, a.clone()).is_some())
+            {
+                return;
+            }
+            actions.clear();
+        }
+        if self.urgent || s.left.time_jumps > 0 {
+            for (t, long) in self.deadlines(s) {
+                actions.push(Action::Advance(t, long));
+            }
+        }
+    }
+
+    fn next_state(&self, last: &State, action: Action) -> Option<State> {
+        let mut s = last.clone();
+        match action {
+            Action::Send(k) => {
+                let k = k as usize;
+                let msg = &self.messages[k];
+                let core = Core::enrol(
+                    MessageId::new(format!("m{k}")),
+                    target(s.endpoint),
+                    msg.kind,
+                    body_hash(msg, k, false),
+                    request_id(k, 0),
+                    s.now,
+                );
+                let duplicate_of = msg.identical_to.filter(|&j| {
+                    s.store[j]
+                        .as_ref()
+                        .is_some_and(|d| !d.is_settled() && d.kind() != StateKind::Failed)
+                });
+                s.ghost.frozen[k] = Some(core.target.clone());
+                s.store[k] = Some(model::enrol(
+                    core,
+                    duplicate_of.map(|j| MessageId::new(format!("m{j}"))),
+                ));
+            }
+            Action::Pass(k) => self.pass(&mut s, k as usize),
+            Action::Write(k, refuse) => {
+                let slot = s.inflight.iter().position(|f| f.msg == k)?;
+                self.write(&mut s, slot, refuse);
+            }
+            Action::Reply(k) => {
+                let slot = s.inflight.iter().position(|f| f.msg == k)?;
+                let Phase::Awaiting(Some(outcome)) = s.inflight.remove(slot).phase else {
+                    return None;
+                };
+                self.apply(&mut s, k as usize, EventKind::WriteResult { outcome });
+            }
+            Action::LoseReply(k) => {
+                s.left.lost_replies -= 1;
+                let slot = s.inflight.iter().position(|f| f.msg == k)?;
+                s.inflight[slot].phase = Phase::Awaiting(None);
+            }
+            Action::WriteTimesOut(k) => {
+                let slot = s.inflight.iter().position(|f| f.msg == k)?;
+                s.inflight.remove(slot);
+                let outcome = WriteOutcome::TimedOut;
+                self.apply(&mut s, k as usize, EventKind::WriteResult { outcome });
+            }
+            Action::Crash => {
+                s.left.crashes -= 1;
+                for f in std::mem::take(&mut s.inflight) {
+                    s.ghost.crashed_mid_write.push(f.msg);
+                }
+            }
+            Action::TurnEnds(failure) => {
+                let Session::Ours(i) = s.session else {
+                    return None;
+                };
+                s.history[i as usize].status = match failure {
+                    None => TurnStatus::Returned,
+                    Some(f) => {
+                        match f {
+                            TurnFailure::Errored => s.left.errored_turns -= 1,
+                            TurnFailure::Interrupted => s.left.interrupted_turns -= 1,
+                        }
+                        TurnStatus::Failed(f)
+                    }
+                };
+                s.session = Session::Idle;
+            }
+            Action::ForeignTurnStarts => {
+                s.left.foreign_turns -= 1;
+                s.session = Session::Foreign;
+            }
+            Action::ForeignTurnEnds => s.session = Session::Idle,
+            Action::OutageStarts => {
+                s.left.outages -= 1;
+                s.outage = true;
+            }
+            Action::OutageEnds => s.outage = false,
+            Action::AgentDown => {
+                s.left.agent_downs -= 1;
+                s.agent_down = true;
+            }
+            Action::AgentUp => s.agent_down = false,
+            Action::Read(k) => {
+                s.left.reads -= 1;
+                s.msgs[k as usize].read = true;
+            }
+            Action::WorkDone(k) => {
+                s.left.work_done -= 1;
+                s.msgs[k as usize].work_done = true;
+            }
+            Action::Release(k) => {
+                s.left.releases -= 1;
+                self.apply(&mut s, k as usize, EventKind::Release { note: None });
+            }
+            Action::TogglePause => {
+                if !s.paused {
+                    s.left.pauses -= 1;
+                }
+                s.paused = !s.paused;
+            }
+            Action::ToggleBlock => {
+                if !s.blocked {
+                    s.left.blocks -= 1;
+                }
+                s.blocked = !s.blocked;
+            }
+            Action::EndpointChanges => {
+                s.left.endpoint_changes -= 1;
+                s.endpoint += 1;
+            }
+            Action::BodyChanges(k) => {
+                s.left.body_changes -= 1;
+                s.msgs[k as usize].body_changed = true;
+            }
+            Action::Advance(t, long) => {
+                if long {
+                    s.left.long_sleeps -= 1;
+                }
+                if !self.urgent {
+                    s.left.time_jumps -= 1;
+                }
+                s.now = t;
+            }
+        }
+        (s != *last).then_some(s)
+    }
+
+    fn properties(&self) -> Vec<stateright::Property<Self>> {
+        (self.properties)()
+    }
+
+    fn within_boundary(&self, s: &State) -> bool {
+        s.now.0 <= self.horizon_ms
+    }
+}
