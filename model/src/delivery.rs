@@ -9,7 +9,7 @@ use crate::states::{
     TurnFailure, Unavailable, UnavailableReason, Uncertain, UncertainCause, Waiting, WaitingReason,
 };
 use serde::{Deserialize, Serialize};
-use std::fmt;
+use std::fmt::{self, Write as _};
 
 /// A delivery as stored: its state and that state's data.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -281,10 +281,10 @@ impl Delivery {
                 BusyReason::RecipientInTurn { turn, detail } => {
                     let mut s = "the recipient is in the middle of a turn".to_owned();
                     if let Some(t) = turn {
-                        s.push_str(&format!(" ({t})"));
+                        let _ = write!(s, " ({t})");
                     }
                     if let Some(d) = detail {
-                        s.push_str(&format!(": {d}"));
+                        let _ = write!(s, ": {d}");
                     }
                     s
                 }

@@ -8,6 +8,7 @@
 
 pub mod delivery;
 pub mod event;
+pub mod harness;
 pub mod ids;
 pub mod policy;
 pub mod states;

@@ -494,16 +494,11 @@ impl Sending {
 
     /// The app refused the write before accepting it: retried while `refusal_retries_max`
     /// allows, then FAILED, so a refusing app never holds its recipient.
-    pub fn refused(
-        self,
-        detail: String,
-        now: Millis,
-        policy: &Policy,
-    ) -> Result<OwnerRejected, Failed> {
+    pub fn refused(self, detail: String, now: Millis, policy: &Policy) -> AfterRefusal {
         let mut core = self.core.moved(now);
         core.refusals += 1;
         if core.refusals > policy.refusal_retries_max {
-            Err(Failed {
+            AfterRefusal::Failed(Failed {
                 core,
                 cause: FailCause::RefusedTwice { detail },
                 turn: None,
@@ -512,7 +507,7 @@ impl Sending {
                 },
             })
         } else {
-            Ok(OwnerRejected { core, detail })
+            AfterRefusal::Retry(OwnerRejected { core, detail })
         }
     }
 
@@ -525,6 +520,15 @@ impl Sending {
             scans: Scans::default(),
         }
     }
+}
+
+/// Where an explicit refusal leads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AfterRefusal {
+    /// One more try is allowed.
+    Retry(OwnerRejected),
+    /// Refused too often: never delivered.
+    Failed(Failed),
 }
 
 /// What observation can learn of an active delivery's turn (from UNCERTAIN, ACCEPTED and

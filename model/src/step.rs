@@ -11,7 +11,7 @@ use crate::ids::{MessageId, Millis};
 use crate::policy::{PlantedBug, Policy};
 use crate::states::Target;
 use crate::states::{
-    BusyReason, HeldReason, NoResend, Observable, Pending, Releasable, ResendPlan,
+    AfterRefusal, BusyReason, HeldReason, NoResend, Observable, Pending, Releasable, ResendPlan,
     UnavailableReason, UncertainCause, WaitingReason,
 };
 
@@ -21,6 +21,8 @@ struct Out {
     effects: Vec<Effect>,
 }
 
+// Short-lived, never stored: boxing `Done` would only add an allocation per step.
+#[allow(clippy::large_enum_variant)]
 enum Arm {
     Done(Out),
     Ignored(&'static str),
@@ -346,8 +348,8 @@ fn on_write_result(record: Delivery, outcome: WriteOutcome, now: Millis, policy:
                 }
             }
             WriteOutcome::Refused { detail } => match s.refused(detail, now, policy) {
-                Ok(rejected) => done(rejected),
-                Err(failed) => done(failed),
+                AfterRefusal::Retry(rejected) => done(rejected),
+                AfterRefusal::Failed(failed) => done(failed),
             },
             WriteOutcome::Failed { detail } => {
                 done(s.uncertain(UncertainCause::WriteError { detail }, now))

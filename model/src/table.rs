@@ -25,7 +25,7 @@ const HOUR: u64 = 60 * MINUTE;
 fn target() -> Target {
     Target {
         agent: AgentId::new("reviewer"),
-        provider: Provider::Command,
+        provider: Provider::Codex,
         endpoint: "session-1".to_owned(),
         cwd: "/work".to_owned(),
     }
@@ -114,6 +114,15 @@ pub fn sample_records() -> Vec<(&'static str, Delivery)> {
             "written",
             Sending {
                 core: core(1, 0),
+                reserved_at: T0,
+                write_issued: true,
+            }
+            .into(),
+        ),
+        (
+            "retry written",
+            Sending {
+                core: core(2, 1),
                 reserved_at: T0,
                 write_issued: true,
             }
@@ -275,7 +284,7 @@ pub fn sample_events() -> Vec<(&'static str, Event)> {
         ("pass: all clear", at(SECOND, pass(|_| {}))),
         (
             "pass: body changed",
-            at(SECOND, pass(|f| f.body_hash = "hash-2".to_owned())),
+            at(SECOND, pass(|f| "hash-2".clone_into(&mut f.body_hash))),
         ),
         (
             "pass: read by recipient",
@@ -300,22 +309,14 @@ pub fn sample_events() -> Vec<(&'static str, Event)> {
                 SECOND,
                 pass(|f| {
                     if let Some(t) = f.recipient.as_mut() {
-                        t.endpoint = "session-2".to_owned();
+                        "session-2".clone_into(&mut t.endpoint);
                     }
                 }),
             ),
         ),
         (
-            "pass: one-shot tick, in-process provider",
-            at(
-                SECOND,
-                pass(|f| {
-                    f.one_shot = true;
-                    if let Some(t) = f.recipient.as_mut() {
-                        t.provider = Provider::Codex;
-                    }
-                }),
-            ),
+            "pass: one-shot tick (codex turns live in-process)",
+            at(SECOND, pass(|f| f.one_shot = true)),
         ),
         (
             "pass: outage",
@@ -615,6 +616,7 @@ pub fn render_dot(policy: &Policy) -> String {
     for (from, to, name) in transitions(policy) {
         merged.entry((from, to)).or_default().push(name);
     }
+    out.push_str("  enrolment [shape=point];\n  enrolment -> WAITING [label=\"enrol\"];\n  enrolment -> DUPLICATE [label=\"enrol: identical to a live plain handoff\"];\n");
     for ((from, to), names) in merged {
         let _ = writeln!(out, "  {from} -> {to} [label=\"{}\"];", names.join("\\n"));
     }

@@ -4,8 +4,12 @@
 //! person who can read, release, pause and block. Every change to a delivery goes through
 //! `model::step`, the very function the engine calls.
 //!
+//! Indexes are stored as `u8`: these worlds hold a handful of messages and writes.
+//!
 //! Beside the world, a ghost log records what really happened (writes the recipient saw,
 //! reservations, resends, scans, cancels), so properties judge the rules from outside them.
+
+#![allow(clippy::cast_possible_truncation)]
 
 use model::states::TurnFailure;
 use model::{
@@ -477,12 +481,11 @@ impl World {
             if let Some(t) = d.next_deadline(&self.policy) {
                 out.push((t, false));
             }
-            if let Delivery::Failed(f) = d {
-                if matches!(f.resend, model::states::ResendPlan::NotBefore { .. })
-                    && s.left.long_sleeps > 0
-                {
-                    out.push((f.core.since.plus_ms(self.policy.resend_window_ms + 1), true));
-                }
+            if let Delivery::Failed(f) = d
+                && matches!(f.resend, model::states::ResendPlan::NotBefore { .. })
+                && s.left.long_sleeps > 0
+            {
+                out.push((f.core.since.plus_ms(self.policy.resend_window_ms + 1), true));
             }
         }
         out.retain(|(t, _)| *t > s.now && t.0 <= self.horizon_ms);
@@ -495,29 +498,27 @@ impl World {
         let n = self.messages.len();
         for k in 0..n {
             let k8 = k as u8;
-            match &s.store[k] {
-                None => {
-                    if k == 0 || s.store[k - 1].is_some() {
-                        actions.push(Action::Send(k8));
-                    }
+            if s.store[k].is_none() {
+                // Messages are sent in order.
+                if k == 0 || s.store[k - 1].is_some() {
+                    actions.push(Action::Send(k8));
                 }
-                Some(_) => {
-                    actions.push(Action::Pass(k8));
-                    if s.left.reads > 0 && !s.msgs[k].read {
-                        actions.push(Action::Read(k8));
-                    }
-                    if s.left.work_done > 0
-                        && !s.msgs[k].work_done
-                        && self.messages[k].kind == MessageKind::Work
-                    {
-                        actions.push(Action::WorkDone(k8));
-                    }
-                    if s.left.releases > 0 {
-                        actions.push(Action::Release(k8));
-                    }
-                    if s.left.body_changes > 0 && !s.msgs[k].body_changed {
-                        actions.push(Action::BodyChanges(k8));
-                    }
+            } else {
+                actions.push(Action::Pass(k8));
+                if s.left.reads > 0 && !s.msgs[k].read {
+                    actions.push(Action::Read(k8));
+                }
+                if s.left.work_done > 0
+                    && !s.msgs[k].work_done
+                    && self.messages[k].kind == MessageKind::Work
+                {
+                    actions.push(Action::WorkDone(k8));
+                }
+                if s.left.releases > 0 {
+                    actions.push(Action::Release(k8));
+                }
+                if s.left.body_changes > 0 && !s.msgs[k].body_changed {
+                    actions.push(Action::BodyChanges(k8));
                 }
             }
         }
