@@ -4,8 +4,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use model::harness::{decode, run};
 use model::Policy;
+use model::harness::{decode, run};
 
 fuzz_target!(|data: &[u8]| {
     let (start, events) = decode(data, 400);

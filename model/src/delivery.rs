@@ -220,7 +220,7 @@ impl Delivery {
         each!(self, s => &s.core)
     }
 
-    pub fn core_mut(&mut self) -> &mut Core {
+    pub(crate) fn core_mut(&mut self) -> &mut Core {
         each!(self, s => &mut s.core)
     }
 
@@ -241,7 +241,11 @@ impl Delivery {
     /// until then instead of polling. `None`: only an event can change it.
     pub fn next_deadline(&self, policy: &Policy) -> Option<Millis> {
         match self {
-            Delivery::Sending(s) => Some(s.reserved_at.plus_ms(policy.sending_timeout_ms)),
+            Delivery::Sending(s) => Some(
+                s.issued_at
+                    .unwrap_or(s.reserved_at)
+                    .plus_ms(policy.sending_timeout_ms),
+            ),
             Delivery::Accepted(Accepted { observed_at, .. })
             | Delivery::Running(Running { observed_at, .. }) => {
                 Some(observed_at.plus_ms(policy.unobserved_limit_ms))
@@ -318,7 +322,7 @@ impl Delivery {
                 )
             }
             Delivery::Sending(s) => {
-                if s.write_issued {
+                if s.write_issued() {
                     format!("attempt {} is being written", s.core.attempts)
                 } else {
                     format!("attempt {} is reserved", s.core.attempts)
@@ -355,6 +359,9 @@ impl Delivery {
                         format!("refused twice; never delivered ({detail})")
                     }
                     FailCause::ChangedAfterQueued => "changed after it was queued".to_owned(),
+                    FailCause::ResendDropped => {
+                        "the queued resend was dropped: the work was returned or closed".to_owned()
+                    }
                 };
                 let plan = match &f.resend {
                     ResendPlan::NotBefore { at } => {

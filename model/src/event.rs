@@ -36,6 +36,8 @@ pub enum EventKind {
         permission: Permission,
         recipient: Option<Target>,
         activity: Activity,
+        /// Whether the work is still open (a resend of done work is dropped).
+        work_open: bool,
     },
     /// What the one write returned (step 10).
     WriteResult { outcome: WriteOutcome },

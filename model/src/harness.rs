@@ -140,6 +140,7 @@ pub fn decode(data: &[u8], max_events: usize) -> (Delivery, Vec<Event>) {
                 permission,
                 recipient: current_target,
                 activity,
+                work_open: !b.next().is_multiple_of(4),
             },
             4 => EventKind::WriteResult {
                 outcome: match b.next() % 5 {

@@ -78,6 +78,8 @@ pub enum PlantedBug {
     SendWhileBusy,
     /// Resend an UNCERTAIN delivery with a fresh request id (breaks G4).
     ResendFromUncertain,
-    /// The engine writes before its reservation is committed (breaks G2/G8; engine-level).
+    /// The engine writes before its reservation is committed (breaks G8; engine-level).
     ReserveAfterWrite,
+    /// The send boundary hands the same write over again (breaks G2).
+    WriteTwice,
 }

@@ -66,27 +66,27 @@ pub enum MessageKind {
 /// What every state carries.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Core {
-    pub message: MessageId,
-    pub target: Target,
-    pub kind: MessageKind,
+    pub(crate) message: MessageId,
+    pub(crate) target: Target,
+    pub(crate) kind: MessageKind,
     /// Hash of the message body at enrolment; a different body later fails the delivery.
-    pub body_hash: String,
+    pub(crate) body_hash: String,
     /// The current attempt series.
-    pub request_id: RequestId,
+    pub(crate) request_id: RequestId,
     /// Request ids of earlier series, oldest first (one per resend).
-    pub earlier_request_ids: Vec<RequestId>,
+    pub(crate) earlier_request_ids: Vec<RequestId>,
     /// Reservations in the current series.
-    pub attempts: u32,
+    pub(crate) attempts: u32,
     /// Explicit refusals in the current series.
-    pub refusals: u32,
-    pub error_resends: u32,
-    pub interrupt_resends: u32,
-    pub enrolled_at: Millis,
+    pub(crate) refusals: u32,
+    pub(crate) error_resends: u32,
+    pub(crate) interrupt_resends: u32,
+    pub(crate) enrolled_at: Millis,
     /// When the state last changed.
-    pub since: Millis,
+    pub(crate) since: Millis,
     /// A passing remark that does not change the state (an outage, a failed check).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub note: Option<String>,
+    pub(crate) note: Option<String>,
 }
 
 impl Core {
@@ -114,6 +114,46 @@ impl Core {
             since: now,
             note: None,
         }
+    }
+
+    pub fn message(&self) -> &MessageId {
+        &self.message
+    }
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+    pub fn kind(&self) -> MessageKind {
+        self.kind
+    }
+    pub fn body_hash(&self) -> &str {
+        &self.body_hash
+    }
+    pub fn request_id(&self) -> &RequestId {
+        &self.request_id
+    }
+    pub fn earlier_request_ids(&self) -> &[RequestId] {
+        &self.earlier_request_ids
+    }
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+    pub fn refusals(&self) -> u32 {
+        self.refusals
+    }
+    pub fn error_resends(&self) -> u32 {
+        self.error_resends
+    }
+    pub fn interrupt_resends(&self) -> u32 {
+        self.interrupt_resends
+    }
+    pub fn enrolled_at(&self) -> Millis {
+        self.enrolled_at
+    }
+    pub fn since(&self) -> Millis {
+        self.since
+    }
+    pub fn note(&self) -> Option<&str> {
+        self.note.as_deref()
     }
 
     /// Whether the current series is an automatic resend.
@@ -202,6 +242,8 @@ pub enum FailCause {
     RefusedTwice { detail: String },
     /// The message body changed after it was queued.
     ChangedAfterQueued,
+    /// A queued resend was dropped: the work was returned or closed first.
+    ResendDropped,
 }
 
 /// Whether a failed delivery will be resent.
@@ -254,7 +296,7 @@ pub struct Scans {
 // ----- the fourteen states ---------------------------------------------------------------
 
 /// Access to the data every state carries.
-pub trait HasCore: Sized {
+pub(crate) trait HasCore: Sized {
     fn core(&self) -> &Core;
     fn core_mut(&mut self) -> &mut Core;
     fn into_core(self) -> Core;
@@ -265,8 +307,21 @@ macro_rules! state {
         $(#[$doc])*
         #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
         pub struct $name {
-            pub core: Core,
-            $($(#[$fdoc])* pub $field: $ty,)*
+            pub(crate) core: Core,
+            $($(#[$fdoc])* pub(crate) $field: $ty,)*
+        }
+
+        impl $name {
+            /// The data every state carries.
+            pub fn core(&self) -> &Core {
+                &self.core
+            }
+            $(
+                $(#[$fdoc])*
+                pub fn $field(&self) -> &$ty {
+                    &self.$field
+                }
+            )*
         }
 
         impl HasCore for $name {
@@ -307,8 +362,9 @@ state!(
     /// One attempt is reserved (committed) and the write may be in flight.
     Sending {
         reserved_at: Millis,
-        /// Whether the write was handed to the adapter; it is never handed over twice.
-        write_issued: bool,
+        /// When the write was handed to the adapter (committed before it was); `None` while
+        /// preparing. It is never handed over twice.
+        issued_at: Option<Millis>,
     }
 );
 state!(
@@ -357,7 +413,7 @@ state!(
 
 /// Transitions every pending state (WAITING, BUSY, HELD, UNAVAILABLE, OWNER_REJECTED) shares:
 /// the checks of one pass (SPEC §2.2) and the reservation.
-pub trait Pending: HasCore {
+pub(crate) trait Pending: HasCore {
     /// Step 1: the body changed after enrolment.
     fn changed_after_queued(self, now: Millis) -> Failed {
         Failed {
@@ -366,6 +422,17 @@ pub trait Pending: HasCore {
             turn: None,
             resend: ResendPlan::Final {
                 why: NoResend::NeverDelivered,
+            },
+        }
+    }
+    /// A queued resend whose work was returned or closed meanwhile: final, nothing sent.
+    fn drop_resend(self, now: Millis) -> Failed {
+        Failed {
+            core: self.into_core().moved(now),
+            cause: FailCause::ResendDropped,
+            turn: None,
+            resend: ResendPlan::Final {
+                why: NoResend::WorkDone,
             },
         }
     }
@@ -410,7 +477,7 @@ pub trait Pending: HasCore {
         Sending {
             core,
             reserved_at: now,
-            write_issued: false,
+            issued_at: None,
         }
     }
 }
@@ -423,7 +490,7 @@ macro_rules! pending {
 pending!(Waiting, Busy, Held, Unavailable, OwnerRejected);
 
 /// A person's release: every non-terminal state can be cancelled; nothing is resent.
-pub trait Releasable: HasCore {
+pub(crate) trait Releasable: HasCore {
     fn release(self, note: Option<String>, now: Millis) -> Cancelled {
         Cancelled {
             core: self.into_core().moved(now),
@@ -451,7 +518,7 @@ releasable!(
 
 impl Waiting {
     /// Enrolment (SPEC §2.1): a new delivery, queued.
-    pub fn enrol(core: Core) -> Waiting {
+    pub(crate) fn enrol(core: Core) -> Waiting {
         Waiting {
             core,
             reason: WaitingReason::Queued,
@@ -461,7 +528,7 @@ impl Waiting {
 
 impl Duplicate {
     /// Enrolment of a plain handoff identical to a live one.
-    pub fn enrol(core: Core, of: MessageId) -> Duplicate {
+    pub(crate) fn enrol(core: Core, of: MessageId) -> Duplicate {
         Duplicate { core, of }
     }
 }
@@ -469,22 +536,27 @@ impl Duplicate {
 impl Sending {
     /// Step 9 passed: the write is handed to the adapter, exactly once.
     #[must_use]
-    pub fn issue_write(mut self) -> Sending {
-        self.write_issued = true;
+    pub(crate) fn issue_write(mut self, now: Millis) -> Sending {
+        self.issued_at = Some(now);
         self
     }
 
-    /// Step 9 failed before anything was written: back to a pending state. The reserved
-    /// attempt stays counted, unused.
-    pub fn back_out(self) -> Waiting {
+    /// Whether the write was handed over.
+    pub fn write_issued(&self) -> bool {
+        self.issued_at.is_some()
+    }
+
+    /// Nothing was written (step 9 failed, or the engine stopped before issuing the write):
+    /// back to a pending state. The reserved attempt stays counted, unused.
+    pub(crate) fn back_out(self, now: Millis) -> Waiting {
         Waiting {
-            core: self.core,
+            core: self.core.moved(now),
             reason: WaitingReason::Queued,
         }
     }
 
     /// Exact receipt: the turn id, and our request id echoed.
-    pub fn accept(self, turn: TurnId, now: Millis) -> Accepted {
+    pub(crate) fn accept(self, turn: TurnId, now: Millis) -> Accepted {
         Accepted {
             core: self.core.moved(now),
             turn,
@@ -494,7 +566,7 @@ impl Sending {
 
     /// The app refused the write before accepting it: retried while `refusal_retries_max`
     /// allows, then FAILED, so a refusing app never holds its recipient.
-    pub fn refused(self, detail: String, now: Millis, policy: &Policy) -> AfterRefusal {
+    pub(crate) fn refused(self, detail: String, now: Millis, policy: &Policy) -> AfterRefusal {
         let mut core = self.core.moved(now);
         core.refusals += 1;
         if core.refusals > policy.refusal_retries_max {
@@ -511,12 +583,18 @@ impl Sending {
         }
     }
 
-    /// The outcome of the write is unknown: never repeated for this attempt.
-    pub fn uncertain(self, cause: UncertainCause, now: Millis) -> Uncertain {
+    /// The outcome of the write is unknown: never repeated for this attempt. `turn` is a
+    /// turn the app reported without an exact receipt: proof enough that something landed.
+    pub(crate) fn uncertain(
+        self,
+        cause: UncertainCause,
+        turn: Option<TurnId>,
+        now: Millis,
+    ) -> Uncertain {
         Uncertain {
             core: self.core.moved(now),
             cause,
-            turn: None,
+            turn,
             scans: Scans::default(),
         }
     }
@@ -533,7 +611,7 @@ pub enum AfterRefusal {
 
 /// What observation can learn of an active delivery's turn (from UNCERTAIN, ACCEPTED and
 /// RUNNING alike).
-pub trait Observable: HasCore {
+pub(crate) trait Observable: HasCore {
     fn observed_accepted(self, turn: TurnId, now: Millis) -> Accepted {
         Accepted {
             core: self.into_core().moved(now),
@@ -598,7 +676,7 @@ observable!(Uncertain, Accepted, Running);
 
 impl Accepted {
     /// Not observable for the unobserved limit: nobody can tell how the turn ended.
-    pub fn unobservable(self, now: Millis) -> Uncertain {
+    pub(crate) fn unobservable(self, now: Millis) -> Uncertain {
         Uncertain {
             cause: UncertainCause::Unobservable,
             turn: Some(self.turn),
@@ -610,7 +688,7 @@ impl Accepted {
 
 impl Running {
     /// Not observable for the unobserved limit: nobody can tell how the turn ended.
-    pub fn unobservable(self, now: Millis) -> Uncertain {
+    pub(crate) fn unobservable(self, now: Millis) -> Uncertain {
         Uncertain {
             cause: UncertainCause::Unobservable,
             turn: Some(self.turn),
@@ -622,7 +700,7 @@ impl Running {
 
 impl Uncertain {
     /// Enough complete, empty history scans over a long enough span: never delivered.
-    pub fn never_delivered(self, now: Millis) -> Cancelled {
+    pub(crate) fn never_delivered(self, now: Millis) -> Cancelled {
         let first_at = self.scans.first_empty_at.unwrap_or(now);
         Cancelled {
             by: CancelledBy::HistoryScans {
@@ -638,7 +716,7 @@ impl Uncertain {
 impl Failed {
     /// An automatic resend: WAITING again with a fresh request id; the earlier turn is never
     /// replayed and the earlier request id is kept.
-    pub fn resend(self, fresh: RequestId, now: Millis) -> Waiting {
+    pub(crate) fn resend_with(self, fresh: RequestId, now: Millis) -> Waiting {
         let mut core = self.core.moved(now);
         match self.cause {
             FailCause::Turn {
@@ -647,7 +725,9 @@ impl Failed {
             FailCause::Turn {
                 failure: TurnFailure::Interrupted,
             } => core.interrupt_resends += 1,
-            FailCause::RefusedTwice { .. } | FailCause::ChangedAfterQueued => {}
+            FailCause::RefusedTwice { .. }
+            | FailCause::ChangedAfterQueued
+            | FailCause::ResendDropped => {}
         }
         let old = std::mem::replace(&mut core.request_id, fresh);
         core.earlier_request_ids.push(old);
@@ -661,7 +741,7 @@ impl Failed {
 
     /// The resend decision becomes final.
     #[must_use]
-    pub fn finalize(mut self, why: NoResend) -> Failed {
+    pub(crate) fn finalize(mut self, why: NoResend) -> Failed {
         self.resend = ResendPlan::Final { why };
         self
     }
@@ -671,7 +751,7 @@ impl Failed {
 /// only in test builds.
 #[cfg(feature = "planted-bugs")]
 impl Uncertain {
-    pub fn planted_resend(self, fresh: RequestId, now: Millis) -> Waiting {
+    pub(crate) fn planted_resend(self, fresh: RequestId, now: Millis) -> Waiting {
         let mut core = self.core.moved(now);
         let old = std::mem::replace(&mut core.request_id, fresh);
         core.earlier_request_ids.push(old);

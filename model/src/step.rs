@@ -57,18 +57,20 @@ pub fn step(record: Delivery, event: Event, policy: &Policy) -> Step {
             permission,
             recipient,
             activity,
+            work_open,
         } => on_send_boundary(
             record,
             permission,
             recipient.as_ref(),
             &activity,
+            work_open,
             now,
             policy,
         ),
         EventKind::WriteResult { outcome } => on_write_result(record, outcome, now, policy),
         EventKind::Observation { observed } => on_observation(record, observed, now, policy),
         EventKind::HistoryScan { scan } => on_scan(record, scan, now, policy),
-        EventKind::Release { note } => on_release(record, note, now),
+        EventKind::Release { note } => on_release(record, note, now, policy),
         EventKind::TimePassed => on_time(record, now, policy),
     };
     match arm {
@@ -148,7 +150,7 @@ fn on_pass(record: Delivery, facts: PassFacts, now: Millis, policy: &Policy) -> 
                 } else if now < at {
                     done(f)
                 } else {
-                    done(f.resend(facts.fresh_request_id, now))
+                    done(f.resend_with(facts.fresh_request_id, now))
                 }
             }
         },
@@ -172,6 +174,10 @@ where
     // 2. Read by the recipient, unless this is an automatic resend of work still open.
     if facts.read_by_recipient && !(core.is_resend() && facts.work_open) {
         return done(p.acknowledge(now));
+    }
+    // A queued resend is only sent while its work is open (SPEC §2.3, G4).
+    if core.is_resend() && !facts.work_open {
+        return done(p.drop_resend(now));
     }
     // 3. Paused, or the connection is not allowed.
     match facts.permission {
@@ -252,9 +258,11 @@ fn on_activity(record: Delivery, activity: &Activity, now: Millis, policy: &Poli
     match record {
         Delivery::Waiting(p) => go(p, verdict, now),
         Delivery::Busy(p) => go(p, verdict, now),
-        Delivery::Held(p) => go(p, verdict, now),
-        Delivery::Unavailable(p) => go(p, verdict, now),
         Delivery::OwnerRejected(p) => go(p, verdict, now),
+        // A pass turns a lifted hold into WAITING first; steps 1-6 are never skipped.
+        Delivery::Held(_) | Delivery::Unavailable(_) => {
+            Arm::Ignored("a held or unavailable delivery is re-checked by a pass first")
+        }
         _ => Arm::Ignored("activity matters only before a reservation"),
     }
 }
@@ -273,9 +281,10 @@ fn on_reservation(record: Delivery, earlier_active: Option<MessageId>, now: Mill
     match record {
         Delivery::Waiting(p) => go(p, earlier_active, now),
         Delivery::Busy(p) => go(p, earlier_active, now),
-        Delivery::Held(p) => go(p, earlier_active, now),
-        Delivery::Unavailable(p) => go(p, earlier_active, now),
         Delivery::OwnerRejected(p) => go(p, earlier_active, now),
+        Delivery::Held(_) | Delivery::Unavailable(_) => {
+            Arm::Ignored("a held or unavailable delivery is re-checked by a pass first")
+        }
         // Already reserved: a repeated reservation reserves nothing more.
         s @ Delivery::Sending(_) => done(s),
         _ => Arm::Ignored("only a pending delivery can be reserved"),
@@ -289,40 +298,53 @@ fn on_send_boundary(
     permission: Permission,
     recipient: Option<&Target>,
     activity: &Activity,
+    work_open: bool,
     now: Millis,
     policy: &Policy,
 ) -> Arm {
     let Delivery::Sending(s) = record else {
         return Arm::Ignored("the send boundary is checked only while SENDING");
     };
-    if s.write_issued {
+    if s.write_issued() {
         // The write was handed over already; it is never handed over twice.
+        if policy.planted(PlantedBug::WriteTwice) {
+            let write = Effect::Write {
+                request_id: s.core.request_id.clone(),
+                target: s.core.target.clone(),
+            };
+            return with(s, vec![write]);
+        }
         return done(s);
     }
+    if s.core.is_resend() && !work_open {
+        return done(s.back_out(now).drop_resend(now));
+    }
     match permission {
-        Permission::Paused => return done(s.back_out().hold(HeldReason::Paused, now)),
-        Permission::Blocked => return done(s.back_out().hold(HeldReason::ConnectionBlocked, now)),
+        Permission::Paused => return done(s.back_out(now).hold(HeldReason::Paused, now)),
+        Permission::Blocked => {
+            return done(s.back_out(now).hold(HeldReason::ConnectionBlocked, now));
+        }
         Permission::Allowed => {}
     }
     match recipient {
         None => {
             return done(
-                s.back_out()
+                s.back_out(now)
                     .unavailable(UnavailableReason::AgentMissing, now),
             );
         }
         Some(current) if !s.core.target.same_destination(current) => {
             return done(
-                s.back_out()
+                s.back_out(now)
                     .unavailable(UnavailableReason::TargetChanged, now),
             );
         }
         Some(_) => {}
     }
     match judge(activity, policy) {
-        Verdict::Busy(reason) => done(s.back_out().busy(reason, now)),
+        Verdict::Busy(reason) => done(s.back_out(now).busy(reason, now)),
         Verdict::Unknown(detail) => done(
-            s.back_out()
+            s.back_out(now)
                 .unavailable(UnavailableReason::ActivityUnknown { detail }, now),
         ),
         Verdict::Free => {
@@ -330,7 +352,7 @@ fn on_send_boundary(
                 request_id: s.core.request_id.clone(),
                 target: s.core.target.clone(),
             };
-            with(s.issue_write(), vec![write])
+            with(s.issue_write(now), vec![write])
         }
     }
 }
@@ -339,12 +361,12 @@ fn on_send_boundary(
 
 fn on_write_result(record: Delivery, outcome: WriteOutcome, now: Millis, policy: &Policy) -> Arm {
     match record {
-        Delivery::Sending(s) if s.write_issued => match outcome {
+        Delivery::Sending(s) if s.write_issued() => match outcome {
             WriteOutcome::Receipt { turn, request_id } => {
                 if request_id.as_ref() == Some(&s.core.request_id) {
                     done(s.accept(turn, now))
                 } else {
-                    done(s.uncertain(UncertainCause::NoExactReceipt, now))
+                    done(s.uncertain(UncertainCause::NoExactReceipt, Some(turn), now))
                 }
             }
             WriteOutcome::Refused { detail } => match s.refused(detail, now, policy) {
@@ -352,9 +374,9 @@ fn on_write_result(record: Delivery, outcome: WriteOutcome, now: Millis, policy:
                 AfterRefusal::Failed(failed) => done(failed),
             },
             WriteOutcome::Failed { detail } => {
-                done(s.uncertain(UncertainCause::WriteError { detail }, now))
+                done(s.uncertain(UncertainCause::WriteError { detail }, None, now))
             }
-            WriteOutcome::TimedOut => done(s.uncertain(UncertainCause::NoReplyInTime, now)),
+            WriteOutcome::TimedOut => done(s.uncertain(UncertainCause::NoReplyInTime, None, now)),
         },
         Delivery::Sending(_) => Arm::Ignored("no write was issued for this reservation"),
         // A late exact receipt settles an uncertain write.
@@ -474,13 +496,21 @@ fn on_scan(record: Delivery, scan: ScanResult, now: Millis, policy: &Policy) -> 
     }
 }
 
-fn on_release(record: Delivery, note: Option<String>, now: Millis) -> Arm {
+fn on_release(record: Delivery, note: Option<String>, now: Millis, policy: &Policy) -> Arm {
     match record {
         Delivery::Waiting(s) => done(s.release(note, now)),
         Delivery::Busy(s) => done(s.release(note, now)),
         Delivery::Held(s) => done(s.release(note, now)),
         Delivery::Unavailable(s) => done(s.release(note, now)),
         Delivery::OwnerRejected(s) => done(s.release(note, now)),
+        // A write in flight is about to have an outcome: releasing it now would free the
+        // recipient while the write may still land (G3). Wait for the sending timeout.
+        Delivery::Sending(s)
+            if s.issued_at
+                .is_some_and(|at| now.since(at) < policy.sending_timeout_ms) =>
+        {
+            Arm::Ignored("the write is in flight; its outcome is known within a minute")
+        }
         Delivery::Sending(s) => done(s.release(note, now)),
         Delivery::Uncertain(s) => done(s.release(note, now)),
         Delivery::Accepted(s) => done(s.release(note, now)),
@@ -500,8 +530,21 @@ fn on_release(record: Delivery, note: Option<String>, now: Millis) -> Arm {
 
 fn on_time(record: Delivery, now: Millis, policy: &Policy) -> Arm {
     match record {
-        Delivery::Sending(s) if now.since(s.reserved_at) >= policy.sending_timeout_ms => {
-            done(s.uncertain(UncertainCause::NoReplyInTime, now))
+        // No receipt within the timeout of the write: it may have landed.
+        Delivery::Sending(s)
+            if s.issued_at
+                .is_some_and(|at| now.since(at) >= policy.sending_timeout_ms) =>
+        {
+            done(s.uncertain(UncertainCause::NoReplyInTime, None, now))
+        }
+        // Reserved, but the write was never issued (the engine stopped while preparing): the
+        // committed record proves nothing went out, so it queues again.
+        Delivery::Sending(s)
+            if s.issued_at.is_none() && now.since(s.reserved_at) >= policy.sending_timeout_ms =>
+        {
+            let mut w = s.back_out(now);
+            w.core.note = Some("the engine stopped before writing; nothing was sent".to_owned());
+            done(w)
         }
         Delivery::Accepted(a) if now.since(a.observed_at) >= policy.unobserved_limit_ms => {
             done(a.unobservable(now))

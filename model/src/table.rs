@@ -57,7 +57,18 @@ pub fn sample_records() -> Vec<(&'static str, Delivery)> {
         first_empty_at: first.map(|m| T0.plus_ms(m)),
         last_at: last.map(|m| T0.plus_ms(m)),
     };
+    let mut resent = core(0, 0);
+    resent.earlier_request_ids.push(RequestId::new("r0"));
+    resent.error_resends = 1;
     vec![
+        (
+            "resend queued",
+            Waiting {
+                core: resent,
+                reason: WaitingReason::Resend,
+            }
+            .into(),
+        ),
         (
             "queued",
             Waiting {
@@ -106,7 +117,7 @@ pub fn sample_records() -> Vec<(&'static str, Delivery)> {
             Sending {
                 core: core(1, 0),
                 reserved_at: T0,
-                write_issued: false,
+                issued_at: None,
             }
             .into(),
         ),
@@ -115,7 +126,7 @@ pub fn sample_records() -> Vec<(&'static str, Delivery)> {
             Sending {
                 core: core(1, 0),
                 reserved_at: T0,
-                write_issued: true,
+                issued_at: Some(T0),
             }
             .into(),
         ),
@@ -124,7 +135,7 @@ pub fn sample_records() -> Vec<(&'static str, Delivery)> {
             Sending {
                 core: core(2, 1),
                 reserved_at: T0,
-                write_issued: true,
+                issued_at: Some(T0),
             }
             .into(),
         ),
@@ -377,6 +388,7 @@ pub fn sample_events() -> Vec<(&'static str, Event)> {
                     permission: Permission::Allowed,
                     recipient: Some(target()),
                     activity: Activity::Idle,
+                    work_open: true,
                 },
             ),
         ),
@@ -391,6 +403,19 @@ pub fn sample_events() -> Vec<(&'static str, Event)> {
                         ..target()
                     }),
                     activity: Activity::Idle,
+                    work_open: true,
+                },
+            ),
+        ),
+        (
+            "boundary: work done",
+            at(
+                SECOND,
+                EventKind::SendBoundary {
+                    permission: Permission::Allowed,
+                    recipient: Some(target()),
+                    activity: Activity::Idle,
+                    work_open: false,
                 },
             ),
         ),
@@ -402,6 +427,7 @@ pub fn sample_events() -> Vec<(&'static str, Event)> {
                     permission: Permission::Blocked,
                     recipient: Some(target()),
                     activity: Activity::Idle,
+                    work_open: true,
                 },
             ),
         ),
@@ -413,6 +439,7 @@ pub fn sample_events() -> Vec<(&'static str, Event)> {
                     permission: Permission::Allowed,
                     recipient: Some(target()),
                     activity: busy,
+                    work_open: true,
                 },
             ),
         ),
@@ -424,6 +451,7 @@ pub fn sample_events() -> Vec<(&'static str, Event)> {
                     permission: Permission::Allowed,
                     recipient: Some(target()),
                     activity: unknown,
+                    work_open: true,
                 },
             ),
         ),
@@ -616,7 +644,19 @@ pub fn render_dot(policy: &Policy) -> String {
     for (from, to, name) in transitions(policy) {
         merged.entry((from, to)).or_default().push(name);
     }
-    out.push_str("  enrolment [shape=point];\n  enrolment -> WAITING [label=\"enrol\"];\n  enrolment -> DUPLICATE [label=\"enrol: identical to a live plain handoff\"];\n");
+    out.push_str("  enrolment [shape=point];\n");
+    let mut plain = core(0, 0);
+    plain.kind = MessageKind::Plain;
+    for (label, duplicate_of) in [
+        ("enrol", None),
+        (
+            "enrol: identical to a live plain handoff",
+            Some(MessageId::new("m0")),
+        ),
+    ] {
+        let kind = crate::enrol(plain.clone(), duplicate_of).kind();
+        let _ = writeln!(out, "  enrolment -> {kind} [label=\"{label}\"];");
+    }
     for ((from, to), names) in merged {
         let _ = writeln!(out, "  {from} -> {to} [label=\"{}\"];", names.join("\\n"));
     }

@@ -39,12 +39,3 @@ fn the_harness_catches_a_resend_from_uncertain() {
     eprintln!("seed {seed}: {why}");
     assert!(why.contains("(G4)"), "{why}");
 }
-
-#[test]
-fn the_harness_rejects_a_record_that_lost_its_reservation() {
-    // A SENDING record whose reserved attempt was tampered away fails at the first step.
-    let (mut start, events) = decode(&[5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 8], 10);
-    assert_eq!(start.kind(), model::StateKind::Sending);
-    start.core_mut().attempts = 0;
-    assert!(run(start, events, &Policy::default()).is_err());
-}

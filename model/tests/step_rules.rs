@@ -88,11 +88,11 @@ impl Drive {
     }
     fn pass(&mut self) -> &mut Self {
         self.on(EventKind::PassStarted(facts(
-            self.record.core().target.provider,
+            self.record.core().target().provider,
         )))
     }
     fn pass_with(&mut self, f: impl FnOnce(&mut PassFacts)) -> &mut Self {
-        let mut facts = facts(self.record.core().target.provider);
+        let mut facts = facts(self.record.core().target().provider);
         f(&mut facts);
         self.on(EventKind::PassStarted(facts))
     }
@@ -105,18 +105,19 @@ impl Drive {
         })
     }
     fn boundary(&mut self) -> &mut Self {
-        let recipient = Some(self.record.core().target.clone());
+        let recipient = Some(self.record.core().target().clone());
         self.on(EventKind::SendBoundary {
             permission: Permission::Allowed,
             recipient,
             activity: Activity::Idle,
+            work_open: true,
         })
     }
     fn write(&mut self, outcome: WriteOutcome) -> &mut Self {
         self.on(EventKind::WriteResult { outcome })
     }
     fn exact_receipt(&mut self) -> &mut Self {
-        let request_id = Some(self.record.core().request_id.clone());
+        let request_id = Some(self.record.core().request_id().clone());
         self.write(WriteOutcome::Receipt {
             turn: TurnId::new("t1"),
             request_id,
@@ -154,7 +155,7 @@ fn an_idle_recipient_gets_exactly_one_write_after_a_committed_reservation() {
     assert_eq!(d.effects, vec![Effect::Reserve]);
     d.reserve();
     assert_eq!(d.kind(), StateKind::Sending);
-    assert_eq!(d.record.core().attempts, 1);
+    assert_eq!(d.record.core().attempts(), 1);
     assert_eq!(
         d.effects,
         vec![Effect::Prepare],
@@ -201,7 +202,7 @@ fn a_second_delivery_waits_for_the_earlier_one() {
             .detail()
             .contains("waiting for the earlier delivery m0")
     );
-    assert_eq!(d.record.core().attempts, 0, "no attempt spent");
+    assert_eq!(d.record.core().attempts(), 0, "no attempt spent");
 }
 
 #[test]
@@ -245,7 +246,7 @@ fn a_write_with_no_reply_in_sixty_seconds_becomes_uncertain_and_is_never_resent(
     d.at(30 * HOUR).pass();
     assert_eq!(d.kind(), StateKind::Uncertain);
     assert_eq!(
-        d.record.core().request_id.as_str(),
+        d.record.core().request_id().as_str(),
         "r1",
         "no fresh request id"
     );
@@ -313,23 +314,23 @@ fn an_errored_turn_is_resent_twice_at_most_each_with_a_fresh_request_id() {
     let mut ids = vec![];
     for round in 0..3 {
         d.up_to_write().exact_receipt();
-        ids.push(d.record.core().request_id.clone());
+        ids.push(d.record.core().request_id().clone());
         d.observe(failed_turn(TurnFailure::Errored));
         assert_eq!(d.kind(), StateKind::Failed);
         d.pass_with(|f| f.fresh_request_id = RequestId::new(format!("r-{round}")));
         if round < 2 {
             assert_eq!(d.kind(), StateKind::Waiting, "resend {round}");
-            assert_eq!(d.record.core().attempts, 0);
+            assert_eq!(d.record.core().attempts(), 0);
         }
     }
     assert_eq!(d.kind(), StateKind::Failed);
     assert!(matches!(
         &d.record,
-        Delivery::Failed(f) if f.resend == ResendPlan::Final { why: NoResend::LimitReached }
+        Delivery::Failed(f) if *f.resend() == ResendPlan::Final { why: NoResend::LimitReached }
     ));
     assert_eq!(ids, ["r1", "r-0", "r-1"].map(RequestId::new));
     assert_eq!(
-        d.record.core().earlier_request_ids,
+        d.record.core().earlier_request_ids(),
         ["r1", "r-0"].map(RequestId::new)
     );
 }
@@ -363,13 +364,13 @@ fn no_resend_once_the_work_is_returned_or_the_window_has_passed() {
     let mut late = Drive::new(d.record.clone());
     d.pass_with(|f| f.work_open = false);
     assert!(
-        matches!(&d.record, Delivery::Failed(f) if f.resend == ResendPlan::Final { why: NoResend::WorkDone })
+        matches!(&d.record, Delivery::Failed(f) if *f.resend() == ResendPlan::Final { why: NoResend::WorkDone })
     );
     d.pass();
     assert_eq!(d.kind(), StateKind::Failed, "the decision is final");
     late.at(25 * HOUR).pass();
     assert!(
-        matches!(&late.record, Delivery::Failed(f) if f.resend == ResendPlan::Final { why: NoResend::WindowPassed })
+        matches!(&late.record, Delivery::Failed(f) if *f.resend() == ResendPlan::Final { why: NoResend::WindowPassed })
     );
 }
 
@@ -399,7 +400,7 @@ fn an_outage_spends_no_attempt_and_says_why() {
     d.pass_with(|f| f.outage = Some("api degraded".to_owned()));
     assert_eq!(d.kind(), StateKind::Waiting);
     assert!(d.effects.is_empty());
-    assert_eq!(d.record.core().attempts, 0);
+    assert_eq!(d.record.core().attempts(), 0);
     assert!(d.record.detail().contains("api degraded"));
     d.pass_with(|f| f.outage = Some("api degraded".to_owned()));
     assert_eq!(
@@ -409,7 +410,7 @@ fn an_outage_spends_no_attempt_and_says_why() {
     );
     d.pass();
     assert_eq!(d.effects, vec![Effect::CheckActivity]);
-    assert!(d.record.core().note.is_none());
+    assert!(d.record.core().note().is_none());
 }
 
 #[test]
@@ -445,6 +446,7 @@ fn a_moved_or_missing_agent_gets_nothing_sent_blind() {
         permission: Permission::Allowed,
         recipient: Some(moved),
         activity: Activity::Idle,
+        work_open: true,
     });
     assert_eq!(e.kind(), StateKind::Unavailable);
     assert!(e.effects.is_empty());

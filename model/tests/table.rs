@@ -126,16 +126,30 @@ fn nothing_leaves_a_settled_state_and_nothing_resends_from_uncertain_or_cancelle
 
 #[test]
 fn enrolment_deduplicates_plain_handoffs_only() {
-    let (_, sample) = &sample_records()[0];
-    let mut plain = sample.core().clone();
-    plain.kind = MessageKind::Plain;
+    let core = |kind| {
+        model::Core::enrol(
+            model::MessageId::new("m1"),
+            model::Target {
+                agent: model::AgentId::new("a"),
+                provider: model::Provider::Command,
+                endpoint: String::new(),
+                cwd: String::new(),
+            },
+            kind,
+            "h".to_owned(),
+            model::RequestId::new("r1"),
+            model::Millis(0),
+        )
+    };
     let of = Some(model::MessageId::new("m0"));
+    let plain = core(MessageKind::Plain);
     assert_eq!(
         model::enrol(plain.clone(), of.clone()).kind(),
         StateKind::Duplicate
     );
     assert_eq!(model::enrol(plain, None).kind(), StateKind::Waiting);
-    let mut work = sample.core().clone();
-    work.kind = MessageKind::Work;
-    assert_eq!(model::enrol(work, of).kind(), StateKind::Waiting);
+    assert_eq!(
+        model::enrol(core(MessageKind::Work), of).kind(),
+        StateKind::Waiting
+    );
 }

@@ -13,10 +13,7 @@ fn spec() -> Policy {
 }
 
 pub fn g1_exact_recipient(_: &World, s: &State) -> bool {
-    s.ghost
-        .writes
-        .iter()
-        .all(|w| w.target_is_frozen && !w.agent_moved)
+    !s.ghost.issued_to_moved_agent && s.ghost.writes.iter().all(|w| w.target_is_frozen)
 }
 
 pub fn g2_one_write_per_attempt(_: &World, s: &State) -> bool {
@@ -70,7 +67,8 @@ pub fn g4_bounded_resend(_: &World, s: &State) -> bool {
             && (r.failure != Some(TurnFailure::Interrupted)
                 || waited >= spec.interrupt_resend_wait_ms)
     });
-    counts_ok && each_ok
+    let writes_ok = !s.ghost.issued_resend_of_done_work;
+    counts_ok && each_ok && writes_ok
 }
 
 pub fn g5_honest_release(_: &World, s: &State) -> bool {
@@ -109,11 +107,12 @@ pub fn g8_durability(_: &World, s: &State) -> bool {
     let every_turn_traceable = s.history.iter().all(|landed| {
         s.store[landed.msg as usize].as_ref().is_some_and(|d| {
             let core = d.core();
-            core.request_id == landed.request_id
-                || core.earlier_request_ids.contains(&landed.request_id)
+            core.request_id() == &landed.request_id
+                || core.earlier_request_ids().contains(&landed.request_id)
         })
     });
-    nothing_lost && every_turn_traceable
+    let committed_before_write = s.ghost.writes.iter().all(|w| w.committed_before);
+    nothing_lost && every_turn_traceable && committed_before_write
 }
 
 pub fn records_stay_valid(w: &World, s: &State) -> bool {
@@ -137,13 +136,22 @@ pub fn scans_prove_never_delivered(_: &World, s: &State) -> bool {
     s.ghost.cancels.iter().any(|c| !c.by_person)
 }
 
+/// A crash after the write was issued leaves the delivery UNCERTAIN, like a lost reply.
 pub fn crash_mid_write_becomes_uncertain(_: &World, s: &State) -> bool {
     s.ghost.crashed_mid_write.iter().any(|&k| {
         s.store[k as usize]
             .as_ref()
             .is_some_and(|d| d.kind() == StateKind::Uncertain)
-            && !s.ghost.writes.iter().any(|w| w.msg == k && !w.refused)
+            && s.inflight.is_empty()
     })
+}
+
+/// A write lost on the way, honestly cancelled by history scans.
+pub fn lost_write_cancelled_by_scans(_: &World, s: &State) -> bool {
+    s.ghost
+        .cancels
+        .iter()
+        .any(|c| !c.by_person && s.ghost.lost_writes.contains(&c.request_id))
 }
 
 pub fn interrupted_turn_resent_after_wait(_: &World, s: &State) -> bool {
@@ -154,7 +162,7 @@ pub fn interrupted_turn_resent_after_wait(_: &World, s: &State) -> bool {
 
 pub fn resend_window_closes(_: &World, s: &State) -> bool {
     s.store.iter().flatten().any(|d| {
-        matches!(d, model::Delivery::Failed(f) if f.resend == model::states::ResendPlan::Final { why: model::states::NoResend::WindowPassed })
+        matches!(d, model::Delivery::Failed(f) if *f.resend() == model::states::ResendPlan::Final { why: model::states::NoResend::WindowPassed })
     }) && s.now.0 > 24 * HOUR_MS
 }
 

@@ -11,6 +11,7 @@
 
 #![allow(clippy::cast_possible_truncation)]
 
+use model::PlantedBug;
 use model::states::TurnFailure;
 use model::{
     Activity, Change, Core, Delivery, Effect, Event, EventKind, MessageId, MessageKind, Millis,
@@ -34,6 +35,10 @@ pub struct Msg {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Faults {
     pub lost_replies: u8,
+    /// Writes lost on the way: they never land, and no reply comes.
+    pub lost_writes: u8,
+    /// Replies that carry a turn id but not our request id.
+    pub inexact_receipts: u8,
     pub crashes: u8,
     pub refusals: u8,
     pub errored_turns: u8,
@@ -90,14 +95,32 @@ pub struct Landed {
     pub msg: u8,
     pub request_id: RequestId,
     pub status: TurnStatus,
+    pub ended_at: Option<Millis>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Phase {
-    /// The reservation is committed; the write has not gone out.
+    /// The reservation is committed; the adapter is preparing.
     Reserved,
+    /// The send boundary is committed (`issued_at`); the write is on its way.
+    Issued,
     /// The write went out; the reply (if not lost) is on its way back.
     Awaiting(Option<WriteOutcome>),
+    /// Planted bug only: the write landed before the reservation was committed.
+    Uncommitted(WriteOutcome),
+}
+
+/// How the recipient's app takes a write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Landing {
+    /// It lands and an exact receipt comes back.
+    Lands,
+    /// It lands; the receipt has a turn id but not our request id.
+    Inexact,
+    /// The app refuses it before accepting anything.
+    Refused,
+    /// It is lost on the way: nothing lands, no reply.
+    Lost,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -119,9 +142,10 @@ pub struct WriteLog {
     pub msg: u8,
     pub request_id: RequestId,
     pub target_is_frozen: bool,
-    pub agent_moved: bool,
     pub session_busy: bool,
     pub refused: bool,
+    /// The store held SENDING with this request id, write issued, when the write went out.
+    pub committed_before: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -163,6 +187,12 @@ pub struct Ghost {
     pub cancels: Vec<CancelLog>,
     /// A crash struck between a reservation and its reply.
     pub crashed_mid_write: Vec<u8>,
+    /// A write was issued although the agent's registration no longer matched its target.
+    pub issued_to_moved_agent: bool,
+    /// A resend was issued after its work was returned or closed.
+    pub issued_resend_of_done_work: bool,
+    /// Request ids whose write was lost on the way.
+    pub lost_writes: Vec<RequestId>,
     /// The frozen target of each message, as enrolled.
     pub frozen: Vec<Option<Target>>,
 }
@@ -190,7 +220,9 @@ pub struct State {
 pub enum Action {
     Send(u8),
     Pass(u8),
-    Write(u8, bool),
+    Boundary(u8),
+    Land(u8, Landing),
+    CommitLate(u8),
     Reply(u8),
     LoseReply(u8),
     WriteTimesOut(u8),
@@ -243,21 +275,14 @@ impl World {
         };
         let is_release = matches!(kind, EventKind::Release { .. });
         let before_kind = record.kind();
-        let before_since = record.core().since;
+        let old_id = record.core().request_id().clone();
         let before_failure = match &record {
-            Delivery::Failed(f) => match f.cause {
-                model::states::FailCause::Turn { failure } => Some(failure),
+            Delivery::Failed(f) => match f.cause() {
+                model::states::FailCause::Turn { failure } => Some(*failure),
                 _ => None,
             },
             _ => None,
         };
-        let before_ids: Vec<RequestId> = record
-            .core()
-            .earlier_request_ids
-            .iter()
-            .chain(std::iter::once(&record.core().request_id))
-            .cloned()
-            .collect();
         let step = model::step(record, Event::new(s.now, kind), &self.policy);
         if let Change::Moved { to, .. } = step.change {
             if to == StateKind::Sending {
@@ -270,21 +295,27 @@ impl World {
                 s.ghost.cancels.push(CancelLog {
                     msg: k as u8,
                     by_person: is_release,
-                    request_id: step.record.core().request_id.clone(),
+                    request_id: step.record.core().request_id().clone(),
                     at: s.now,
                 });
             }
         }
-        let new_id = &step.record.core().request_id;
-        if Some(new_id) != before_ids.last() {
+        let new_id = step.record.core().request_id().clone();
+        if new_id != old_id {
+            // When the recipient's turn really ended, from its own history.
+            let ended = s
+                .history
+                .iter()
+                .find(|l| l.request_id == old_id)
+                .and_then(|l| l.ended_at);
             s.ghost.resends.push(ResendLog {
                 msg: k as u8,
                 from: before_kind,
                 failure: before_failure,
-                failed_at: before_since,
+                failed_at: ended.unwrap_or(Millis(u64::MAX)),
                 at: s.now,
-                fresh_id_new: !before_ids.contains(new_id)
-                    && !s.history.iter().any(|l| &l.request_id == new_id),
+                fresh_id_new: !step.record.core().earlier_request_ids().contains(&new_id)
+                    && !s.history.iter().any(|l| l.request_id == new_id),
                 work_open: self.work_open(s, k),
             });
         }
@@ -361,7 +392,7 @@ impl World {
         self.apply(s, k, EventKind::TimePassed);
         let series = s.store[k]
             .as_ref()
-            .map_or(0, |d| d.core().earlier_request_ids.len() + 1);
+            .map_or(0, |d| d.core().earlier_request_ids().len() + 1);
         let facts = PassFacts {
             body_hash: body_hash(&self.messages[k], k, s.msgs[k].body_changed),
             read_by_recipient: s.msgs[k].read,
@@ -373,6 +404,15 @@ impl World {
             fresh_request_id: request_id(k, series),
         };
         let mut effects = self.apply(s, k, EventKind::PassStarted(facts));
+        // An engine that restarted resumes a reservation it no longer holds in memory.
+        let resumable = matches!(&s.store[k], Some(Delivery::Sending(_)))
+            && !s.inflight.iter().any(|f| f.msg as usize == k);
+        if resumable {
+            s.inflight.push(Inflight {
+                msg: k as u8,
+                phase: Phase::Reserved,
+            });
+        }
         while let Some(effect) = (!effects.is_empty()).then(|| effects.remove(0)) {
             let more = match effect {
                 Effect::CheckActivity => {
@@ -380,18 +420,31 @@ impl World {
                     self.apply(s, k, EventKind::ActivityObserved { activity })
                 }
                 Effect::Reserve => {
-                    let earlier_active = s.store.iter().enumerate().find_map(|(j, d)| {
-                        d.as_ref()
-                            .filter(|d| j != k && d.is_active())
-                            .map(|d| d.core().message.clone())
-                    });
-                    self.apply(s, k, EventKind::Reservation { earlier_active })
+                    if self.policy.planted(PlantedBug::ReserveAfterWrite) {
+                        // The bug: the write goes out first, the reservation is committed
+                        // later (CommitLate), and a crash in between forgets it.
+                        let outcome = Self::land(s, k, Landing::Lands, false);
+                        s.inflight.push(Inflight {
+                            msg: k as u8,
+                            phase: Phase::Uncommitted(outcome.unwrap_or(WriteOutcome::TimedOut)),
+                        });
+                        Vec::new()
+                    } else {
+                        let earlier_active = s.store.iter().enumerate().find_map(|(j, d)| {
+                            d.as_ref()
+                                .filter(|d| j != k && d.is_active())
+                                .map(|d| d.core().message().clone())
+                        });
+                        self.apply(s, k, EventKind::Reservation { earlier_active })
+                    }
                 }
                 Effect::Prepare => {
-                    s.inflight.push(Inflight {
-                        msg: k as u8,
-                        phase: Phase::Reserved,
-                    });
+                    if !s.inflight.iter().any(|f| f.msg as usize == k) {
+                        s.inflight.push(Inflight {
+                            msg: k as u8,
+                            phase: Phase::Reserved,
+                        });
+                    }
                     Vec::new()
                 }
                 Effect::Observe { request_id } => {
@@ -423,54 +476,93 @@ impl World {
         }
     }
 
-    fn write(&self, s: &mut State, slot: usize, refuse: bool) {
+    /// The send boundary, committed: permission, registration and activity re-checked.
+    fn boundary(&self, s: &mut State, slot: usize) {
         let k = s.inflight[slot].msg as usize;
         let event = EventKind::SendBoundary {
             permission: Self::permission(s),
             recipient: Some(target(s.endpoint)),
             activity: Self::activity(s),
+            work_open: self.work_open(s, k),
         };
         let effects = self.apply(s, k, event);
-        let Some(Effect::Write {
-            request_id,
-            target: to,
-        }) = effects.into_iter().next()
-        else {
+        if effects.iter().any(|e| matches!(e, Effect::Write { .. })) {
+            if Some(&target(s.endpoint)) != s.ghost.frozen[k].as_ref() {
+                s.ghost.issued_to_moved_agent = true;
+            }
+            let is_resend = s.store[k]
+                .as_ref()
+                .is_some_and(|d| !d.core().earlier_request_ids().is_empty());
+            if is_resend && !self.work_open(s, k) {
+                s.ghost.issued_resend_of_done_work = true;
+            }
+            s.inflight[slot].phase = Phase::Issued;
+        } else {
             s.inflight.remove(slot);
-            return;
-        };
+        }
+    }
+
+    /// A write reaches the recipient's app (or is lost on the way); returns the reply.
+    fn land(
+        s: &mut State,
+        k: usize,
+        how: Landing,
+        committed_before: bool,
+    ) -> Option<WriteOutcome> {
+        let record = s.store[k].as_ref()?;
+        let request_id = record.core().request_id().clone();
+        let to = record.core().target().clone();
         let frozen = s.ghost.frozen[k].clone();
         let mut log = WriteLog {
             msg: k as u8,
             request_id: request_id.clone(),
             target_is_frozen: Some(&to) == frozen.as_ref(),
-            agent_moved: Some(&target(s.endpoint)) != frozen.as_ref(),
             session_busy: s.session != Session::Idle,
             refused: false,
+            committed_before,
         };
-        let outcome = if s.agent_down || refuse {
-            if refuse {
+        let outcome = match how {
+            Landing::Lost => {
+                s.left.lost_writes -= 1;
+                s.ghost.lost_writes.push(request_id);
+                return None;
+            }
+            _ if s.agent_down => {
+                log.refused = true;
+                WriteOutcome::Refused {
+                    detail: "connection refused".to_owned(),
+                }
+            }
+            Landing::Refused => {
                 s.left.refusals -= 1;
+                log.refused = true;
+                WriteOutcome::Refused {
+                    detail: "refused".to_owned(),
+                }
             }
-            log.refused = true;
-            WriteOutcome::Refused {
-                detail: "refused".to_owned(),
-            }
-        } else {
-            let index = s.history.len();
-            s.history.push(Landed {
-                msg: k as u8,
-                request_id: request_id.clone(),
-                status: TurnStatus::Running,
-            });
-            s.session = Session::Ours(index as u8);
-            WriteOutcome::Receipt {
-                turn: TurnId::new(format!("t{index}")),
-                request_id: Some(request_id),
+            Landing::Lands | Landing::Inexact => {
+                let index = s.history.len();
+                s.history.push(Landed {
+                    msg: k as u8,
+                    request_id: request_id.clone(),
+                    status: TurnStatus::Running,
+                    ended_at: None,
+                });
+                s.session = Session::Ours(index as u8);
+                let echoed = if how == Landing::Inexact {
+                    s.left.inexact_receipts -= 1;
+                    None
+                } else {
+                    Some(request_id)
+                };
+                WriteOutcome::Receipt {
+                    turn: TurnId::new(format!("t{index}")),
+                    request_id: echoed,
+                }
             }
         };
         s.ghost.writes.push(log);
-        s.inflight[slot].phase = Phase::Awaiting(Some(outcome));
+        Some(outcome)
     }
 
     /// The instants at which time alone changes something; `true` marks a sleep through a
@@ -482,10 +574,13 @@ impl World {
                 out.push((t, false));
             }
             if let Delivery::Failed(f) = d
-                && matches!(f.resend, model::states::ResendPlan::NotBefore { .. })
+                && matches!(f.resend(), model::states::ResendPlan::NotBefore { .. })
                 && s.left.long_sleeps > 0
             {
-                out.push((f.core.since.plus_ms(self.policy.resend_window_ms + 1), true));
+                out.push((
+                    f.core().since().plus_ms(self.policy.resend_window_ms + 1),
+                    true,
+                ));
             }
         }
         out.retain(|(t, _)| *t > s.now && t.0 <= self.horizon_ms);
@@ -524,10 +619,17 @@ impl World {
         }
         for f in &s.inflight {
             match &f.phase {
-                Phase::Reserved => {
-                    actions.push(Action::Write(f.msg, false));
+                Phase::Reserved => actions.push(Action::Boundary(f.msg)),
+                Phase::Issued => {
+                    actions.push(Action::Land(f.msg, Landing::Lands));
                     if s.left.refusals > 0 {
-                        actions.push(Action::Write(f.msg, true));
+                        actions.push(Action::Land(f.msg, Landing::Refused));
+                    }
+                    if s.left.lost_writes > 0 {
+                        actions.push(Action::Land(f.msg, Landing::Lost));
+                    }
+                    if s.left.inexact_receipts > 0 {
+                        actions.push(Action::Land(f.msg, Landing::Inexact));
                     }
                 }
                 Phase::Awaiting(Some(_)) => {
@@ -537,6 +639,7 @@ impl World {
                     }
                 }
                 Phase::Awaiting(None) => actions.push(Action::WriteTimesOut(f.msg)),
+                Phase::Uncommitted(_) => actions.push(Action::CommitLate(f.msg)),
             }
         }
         if s.left.crashes > 0 && !s.inflight.is_empty() {
@@ -554,7 +657,11 @@ impl World {
             }
             Session::Foreign => actions.push(Action::ForeignTurnEnds),
             Session::Idle => {
-                if s.left.foreign_turns > 0 {
+                // The re-check at the send boundary and the write reach the app together
+                // (each adapter checks the session as it writes), so a person's turn cannot
+                // slip in between them.
+                let writing = s.inflight.iter().any(|f| f.phase == Phase::Issued);
+                if s.left.foreign_turns > 0 && !writing {
                     actions.push(Action::ForeignTurnStarts);
                 }
             }
@@ -619,7 +726,10 @@ impl Model for World {
             }
             actions.clear();
         }
-        if self.urgent || s.left.time_jumps > 0 {
+        // A write in flight resolves (lands, is refused or lost) within the adapter's request
+        // timeout, far below the sending timeout: time does not jump over it.
+        let writing = s.inflight.iter().any(|f| f.phase == Phase::Issued);
+        if !writing && (self.urgent || s.left.time_jumps > 0) {
             for (t, long) in self.deadlines(s) {
                 actions.push(Action::Advance(t, long));
             }
@@ -645,16 +755,43 @@ impl Model for World {
                         .as_ref()
                         .is_some_and(|d| !d.is_settled() && d.kind() != StateKind::Failed)
                 });
-                s.ghost.frozen[k] = Some(core.target.clone());
+                s.ghost.frozen[k] = Some(core.target().clone());
                 s.store[k] = Some(model::enrol(
                     core,
                     duplicate_of.map(|j| MessageId::new(format!("m{j}"))),
                 ));
             }
             Action::Pass(k) => self.pass(&mut s, k as usize),
-            Action::Write(k, refuse) => {
+            Action::Boundary(k) => {
                 let slot = s.inflight.iter().position(|f| f.msg == k)?;
-                self.write(&mut s, slot, refuse);
+                self.boundary(&mut s, slot);
+            }
+            Action::Land(k, how) => {
+                let slot = s.inflight.iter().position(|f| f.msg == k)?;
+                let reply = Self::land(&mut s, k as usize, how, true);
+                s.inflight[slot].phase = Phase::Awaiting(reply);
+            }
+            Action::CommitLate(k) => {
+                let slot = s.inflight.iter().position(|f| f.msg == k)?;
+                let Phase::Uncommitted(outcome) = s.inflight[slot].phase.clone() else {
+                    return None;
+                };
+                let k = k as usize;
+                self.apply(
+                    &mut s,
+                    k,
+                    EventKind::Reservation {
+                        earlier_active: None,
+                    },
+                );
+                let boundary = EventKind::SendBoundary {
+                    permission: Permission::Allowed,
+                    recipient: Some(target(s.endpoint)),
+                    activity: Activity::Idle,
+                    work_open: true,
+                };
+                self.apply(&mut s, k, boundary);
+                s.inflight[slot].phase = Phase::Awaiting(Some(outcome));
             }
             Action::Reply(k) => {
                 let slot = s.inflight.iter().position(|f| f.msg == k)?;
@@ -684,6 +821,7 @@ impl Model for World {
                 let Session::Ours(i) = s.session else {
                     return None;
                 };
+                s.history[i as usize].ended_at = Some(s.now);
                 s.history[i as usize].status = match failure {
                     None => TurnStatus::Returned,
                     Some(f) => {
