@@ -1,5 +1,12 @@
-//! handoffs: the delivery layer for teams of AI coding agents. This library hosts the
-//! engine, the store, the adapters and the fronts as they land; the delivery rules live in
-//! the `model` crate and are re-exported here.
+//! handoffs: the delivery layer for teams of AI coding agents. The delivery rules live in the
+//! `model` crate; this library holds the SQLite store, the adapters, the engine that drives
+//! `model::step`, the service every front calls, and the fronts themselves.
+
+pub mod adapter;
+pub mod clock;
+pub mod engine;
+pub mod front;
+pub mod service;
+pub mod store;
 
 pub use model;

@@ -1,27 +1,34 @@
-//! The `handoffs` binary. The commands of SPEC §5 land with the engine; until then it answers
-//! `--version` and `--help`, and refuses anything else as a usage error.
+//! The `handoffs` binary: parse the command line, set up logging (stderr only), run the
+//! command, and turn its outcome into one line on stderr and an exit code.
 
+use clap::Parser;
+use handoffs::front::cli::{self, Cli};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        Some("--version" | "-V") => {
-            println!("handoffs {}", env!("CARGO_PKG_VERSION"));
-            ExitCode::SUCCESS
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // --help and --version print to stdout and succeed; anything else is a usage error.
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
         }
-        None | Some("--help" | "-h" | "help") => {
-            println!(
-                "handoffs {}: exactly-once delivery of handoffs between AI coding agents\n\n\
-                 Usage: handoffs [--version] [--help]\n\n\
-                 The delivery rules are checked by `cargo test --package model`.",
-                env!("CARGO_PKG_VERSION")
-            );
-            ExitCode::SUCCESS
-        }
-        Some(other) => {
-            eprintln!("handoffs: unknown command {other:?}; see `handoffs --help`");
-            ExitCode::from(2)
+    };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("HANDOFFS_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    match cli::run(&cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            if f.code != 130 || !f.message.is_empty() {
+                eprintln!("handoffs: {}", f.message);
+            }
+            ExitCode::from(f.code)
         }
     }
 }

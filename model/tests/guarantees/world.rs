@@ -503,12 +503,7 @@ impl World {
     }
 
     /// A write reaches the recipient's app (or is lost on the way); returns the reply.
-    fn land(
-        s: &mut State,
-        k: usize,
-        how: Landing,
-        committed_before: bool,
-    ) -> Option<WriteOutcome> {
+    fn land(s: &mut State, k: usize, how: Landing, committed_before: bool) -> Option<WriteOutcome> {
         let record = s.store[k].as_ref()?;
         let request_id = record.core().request_id().clone();
         let to = record.core().target().clone();

@@ -1,0 +1,570 @@
+//! The command adapter (SPEC §4): either an argv list run once per turn, never through a
+//! shell, or an HTTP endpoint that takes one POST per turn.
+//!
+//! argv mode: each turn runs under `handoffs supervise`, a small detached process that starts
+//! the command, waits for it (killing it after `timeout`), and records its outcome in the
+//! `runs` table. The supervisor holds an exclusive lock on `<db>.runs/<request>.lock` for its
+//! whole life, so anyone can tell a live run from one whose supervisor vanished (reported as
+//! interrupted, never guessed finished). The `runs` table is the recipient's history: a scan
+//! of it is always complete.
+
+use super::{Adapters, Write};
+use crate::service::Service;
+use crate::store::{AgentRow, RunRow, Store, millis, sibling};
+use model::states::TurnFailure;
+use model::{Activity, Observed, RequestId, ScanResult, TurnId, WriteOutcome};
+use serde_json::{Value, json};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub const HTTP_TIMEOUT_SECS: u64 = 30;
+pub const RUN_TIMEOUT_SECS_DEFAULT: u64 = 3_600;
+/// How long the engine waits for a supervisor to report that the command started.
+const START_WAIT: Duration = Duration::from_secs(10);
+
+pub fn check_settings(settings: &Value) -> Result<(), String> {
+    let command = settings.get("command");
+    let url = settings.get("url");
+    match (command, url) {
+        (None, None) => {
+            return Err(
+                "a command agent needs --set command='[\"prog\",\"arg\"]' or --set url=http://…"
+                    .to_owned(),
+            );
+        }
+        (Some(_), Some(_)) => return Err("set either command or url, not both".to_owned()),
+        (Some(c), None) => {
+            let ok = c
+                .as_array()
+                .is_some_and(|a| !a.is_empty() && a.iter().all(Value::is_string));
+            if !ok {
+                return Err(
+                    "command must be a JSON list of strings, like [\"prog\",\"{text_file}\"]"
+                        .to_owned(),
+                );
+            }
+        }
+        (None, Some(u)) => check_url("url", u)?,
+    }
+    for key in ["status_url", "activity_url"] {
+        if let Some(u) = settings.get(key) {
+            check_url(key, u)?;
+        }
+    }
+    if let Some(t) = settings.get("timeout") {
+        match t.as_u64() {
+            Some(s) if (1..=7 * 86_400).contains(&s) => {}
+            _ => return Err("timeout must be whole seconds from 1 to 604800".to_owned()),
+        }
+    }
+    Ok(())
+}
+
+fn check_url(key: &str, v: &Value) -> Result<(), String> {
+    let s = v
+        .as_str()
+        .ok_or_else(|| format!("{key} must be a string"))?;
+    let parsed = reqwest::Url::parse(&s.replace("{request_id}", "x"))
+        .map_err(|e| format!("{key} is not a URL: {e}"))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(format!("{key} must be http or https"));
+    }
+    Ok(())
+}
+
+fn argv(agent: &AgentRow) -> Option<Vec<String>> {
+    agent.settings.get("command")?.as_array().map(|a| {
+        a.iter()
+            .filter_map(|v| v.as_str().map(str::to_owned))
+            .collect()
+    })
+}
+
+fn url(agent: &AgentRow, key: &str) -> Option<String> {
+    agent.settings.get(key)?.as_str().map(str::to_owned)
+}
+
+/// The folder of run files: `<db>.runs/` (0700).
+pub fn runs_dir(db: &Path) -> PathBuf {
+    sibling(db, ".runs")
+}
+
+fn lock_path(db: &Path, request_id: &str) -> PathBuf {
+    runs_dir(db).join(format!("{request_id}.lock"))
+}
+
+/// Whether the supervisor of `request_id` is alive (it holds the run's lock).
+fn supervisor_alive(db: &Path, request_id: &str) -> bool {
+    let Ok(file) = File::open(lock_path(db, request_id)) else {
+        return false;
+    };
+    match file.try_lock() {
+        Ok(()) => {
+            let _ = file.unlock();
+            false
+        }
+        Err(std::fs::TryLockError::WouldBlock) => true,
+        Err(std::fs::TryLockError::Error(_)) => false,
+    }
+}
+
+fn observed_of(run: &RunRow, alive: bool) -> Observed {
+    let turn = TurnId::new(&run.request_id);
+    match run.outcome.as_deref() {
+        None if alive => Observed::Running { turn },
+        None | Some("interrupted") => Observed::Failed {
+            turn,
+            failure: TurnFailure::Interrupted,
+            turn_open: false,
+        },
+        Some("returned") => Observed::Returned { turn },
+        Some("refused") => Observed::NotFound,
+        Some(_) => Observed::Failed {
+            turn,
+            failure: TurnFailure::Errored,
+            turn_open: false,
+        },
+    }
+}
+
+/// Records that a run's supervisor vanished without an outcome.
+fn mark_interrupted(store: &mut Store, run: &RunRow, now: i64) {
+    let _ = store.write(|tx| {
+        tx.finish_run(
+            &run.request_id,
+            now,
+            None,
+            "interrupted",
+            Some("the supervisor vanished before the command ended"),
+        )
+    });
+}
+
+pub async fn activity(adapters: &Adapters, service: &mut Service, agent: &AgentRow) -> Activity {
+    if argv(agent).is_none() {
+        let Some(u) = url(agent, "activity_url") else {
+            return Activity::Idle;
+        };
+        return match adapters.http.get(&u).send().await {
+            Ok(r) if r.status().is_success() => match r.json::<Value>().await {
+                Ok(v) => match v.get("status").and_then(Value::as_str) {
+                    Some("idle" | "finished" | "stopped") => Activity::Idle,
+                    Some("busy" | "running") => Activity::Busy {
+                        turn: v.get("turn_id").and_then(Value::as_str).map(TurnId::new),
+                        detail: None,
+                    },
+                    _ => Activity::Unknown {
+                        detail: format!("activity_url answered {v}"),
+                    },
+                },
+                Err(e) => Activity::Unknown {
+                    detail: format!("activity_url: {e}"),
+                },
+            },
+            Ok(r) => Activity::Unknown {
+                detail: format!("activity_url answered {}", r.status()),
+            },
+            Err(e) => Activity::Unknown {
+                detail: format!("activity_url: {e}"),
+            },
+        };
+    }
+    let db = service.store.path().to_owned();
+    let now = millis(service.now());
+    let open = match service.store.read(|tx| tx.open_runs_for(&agent.id)) {
+        Ok(runs) => runs,
+        Err(e) => {
+            return Activity::Unknown {
+                detail: e.to_string(),
+            };
+        }
+    };
+    for run in open {
+        if supervisor_alive(&db, &run.request_id) {
+            return Activity::Busy {
+                turn: Some(TurnId::new(&run.request_id)),
+                detail: None,
+            };
+        }
+        mark_interrupted(&mut service.store, &run, now);
+    }
+    Activity::Idle
+}
+
+pub async fn start(adapters: &Adapters, service: &mut Service, w: &Write<'_>) -> WriteOutcome {
+    if let Some(argv) = argv(w.agent) {
+        return start_argv(service, w, argv).await;
+    }
+    let Some(u) = url(w.agent, "url") else {
+        return WriteOutcome::Refused {
+            detail: "the agent has neither command nor url".to_owned(),
+        };
+    };
+    let body = json!({"request_id": w.request_id, "text": w.text, "agent": w.agent.id});
+    match adapters.http.post(&u).json(&body).send().await {
+        Ok(r) if r.status().is_success() => {
+            // 2xx is acceptance of this request id (SPEC §4); a body may name the turn.
+            let v: Value = r.json().await.unwrap_or(Value::Null);
+            let turn = v
+                .get("turn_id")
+                .and_then(Value::as_str)
+                .unwrap_or(w.request_id)
+                .to_owned();
+            let echoed = v
+                .get("request_id")
+                .and_then(Value::as_str)
+                .unwrap_or(w.request_id);
+            WriteOutcome::Receipt {
+                turn: TurnId::new(turn),
+                request_id: Some(RequestId::new(echoed)),
+            }
+        }
+        Ok(r) if r.status().is_client_error() => WriteOutcome::Refused {
+            detail: format!("the agent answered {}", r.status()),
+        },
+        Ok(r) => WriteOutcome::Failed {
+            detail: format!("the agent answered {}", r.status()),
+        },
+        Err(e) if e.is_connect() => WriteOutcome::Refused {
+            detail: format!("could not connect: {e}"),
+        },
+        Err(e) if e.is_timeout() => WriteOutcome::TimedOut,
+        Err(e) => WriteOutcome::Failed {
+            detail: e.to_string(),
+        },
+    }
+}
+
+async fn start_argv(service: &mut Service, w: &Write<'_>, argv: Vec<String>) -> WriteOutcome {
+    let dir = runs_dir(w.db);
+    if let Err(e) = ensure_private_dir(&dir) {
+        return WriteOutcome::Refused { detail: e };
+    }
+    let text_file = dir.join(format!("{}.txt", w.request_id));
+    if let Err(e) = write_private(&text_file, w.text) {
+        return WriteOutcome::Refused { detail: e };
+    }
+    let timeout = w
+        .agent
+        .settings
+        .get("timeout")
+        .and_then(Value::as_u64)
+        .unwrap_or(RUN_TIMEOUT_SECS_DEFAULT);
+    let exe = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            return WriteOutcome::Refused {
+                detail: e.to_string(),
+            };
+        }
+    };
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("--db")
+        .arg(w.db)
+        .arg("supervise")
+        .arg("--request-id")
+        .arg(w.request_id)
+        .arg("--message")
+        .arg(&w.message.id)
+        .arg("--agent")
+        .arg(&w.agent.id)
+        .arg("--timeout")
+        .arg(timeout.to_string())
+        .arg("--text-file")
+        .arg(&text_file)
+        .arg("--endpoint")
+        .arg(&w.agent.endpoint)
+        .arg("--cwd")
+        .arg(&w.agent.cwd)
+        .arg("--")
+        .args(&argv)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::CommandExt;
+        cmd.process_group(0);
+    }
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = std::fs::remove_file(&text_file);
+            return WriteOutcome::Refused {
+                detail: format!("could not start the supervisor: {e}"),
+            };
+        }
+    };
+    // Reap the supervisor in the background so it never lingers as a zombie.
+    std::thread::spawn(move || {
+        let _ = child.wait();
+    });
+    let deadline = std::time::Instant::now() + START_WAIT;
+    loop {
+        match service.store.read(|tx| tx.run(w.request_id)) {
+            Ok(Some(run)) if run.outcome.as_deref() == Some("refused") => {
+                return WriteOutcome::Refused {
+                    detail: run
+                        .detail
+                        .unwrap_or_else(|| "the command could not start".to_owned()),
+                };
+            }
+            Ok(Some(run)) => {
+                return WriteOutcome::Receipt {
+                    turn: TurnId::new(&run.request_id),
+                    request_id: Some(RequestId::new(&run.request_id)),
+                };
+            }
+            Ok(None) => {}
+            Err(e) => {
+                return WriteOutcome::Failed {
+                    detail: e.to_string(),
+                };
+            }
+        }
+        if std::time::Instant::now() > deadline {
+            return WriteOutcome::Failed {
+                detail: "the supervisor did not report the start in time".to_owned(),
+            };
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+pub async fn observe(
+    adapters: &Adapters,
+    service: &mut Service,
+    agent: &AgentRow,
+    request_id: &str,
+) -> Observed {
+    if argv(agent).is_some() {
+        let db = service.store.path().to_owned();
+        let now = millis(service.now());
+        return match service.store.read(|tx| tx.run(request_id)) {
+            Ok(Some(run)) => {
+                let alive = run.outcome.is_none() && supervisor_alive(&db, request_id);
+                if run.outcome.is_none() && !alive {
+                    mark_interrupted(&mut service.store, &run, now);
+                }
+                observed_of(&run, alive)
+            }
+            Ok(None) => Observed::NotFound,
+            Err(e) => Observed::Unreachable {
+                detail: e.to_string(),
+            },
+        };
+    }
+    let Some(status_url) = url(agent, "status_url") else {
+        // Without a status URL, an accepted POST counts as returned at once (SPEC §4).
+        return Observed::Returned {
+            turn: TurnId::new(request_id),
+        };
+    };
+    http_status(adapters, &status_url, request_id).await
+}
+
+async fn http_status(adapters: &Adapters, status_url: &str, request_id: &str) -> Observed {
+    let u = status_url.replace("{request_id}", request_id);
+    let turn = TurnId::new(request_id);
+    match adapters.http.get(&u).send().await {
+        Ok(r) if r.status() == reqwest::StatusCode::NOT_FOUND => Observed::NotFound,
+        Ok(r) if r.status().is_success() => match r.json::<Value>().await {
+            Ok(v) => match v.get("status").and_then(Value::as_str) {
+                Some("accepted") => Observed::Accepted { turn },
+                Some("running") => Observed::Running { turn },
+                Some("returned") => Observed::Returned { turn },
+                Some("failed") => Observed::Failed {
+                    turn,
+                    failure: TurnFailure::Errored,
+                    turn_open: false,
+                },
+                Some("stopped") => Observed::Failed {
+                    turn,
+                    failure: TurnFailure::Interrupted,
+                    turn_open: false,
+                },
+                _ => Observed::Unreachable {
+                    detail: format!("status_url answered {v}"),
+                },
+            },
+            Err(e) => Observed::Unreachable {
+                detail: format!("status_url: {e}"),
+            },
+        },
+        Ok(r) => Observed::Unreachable {
+            detail: format!("status_url answered {}", r.status()),
+        },
+        Err(e) => Observed::Unreachable {
+            detail: format!("status_url: {e}"),
+        },
+    }
+}
+
+pub async fn scan(
+    adapters: &Adapters,
+    service: &mut Service,
+    agent: &AgentRow,
+    request_id: &str,
+) -> ScanResult {
+    if argv(agent).is_some() {
+        return match service.store.read(|tx| tx.run(request_id)) {
+            Ok(Some(run)) if run.outcome.as_deref() != Some("refused") => {
+                let db = service.store.path().to_owned();
+                let alive = run.outcome.is_none() && supervisor_alive(&db, request_id);
+                ScanResult::Found {
+                    observed: observed_of(&run, alive),
+                }
+            }
+            Ok(_) => ScanResult::NothingFound { complete: true },
+            Err(_) => ScanResult::NothingFound { complete: false },
+        };
+    }
+    match url(agent, "status_url") {
+        Some(status_url) => match http_status(adapters, &status_url, request_id).await {
+            Observed::NotFound => ScanResult::NothingFound { complete: true },
+            Observed::Unreachable { .. } => ScanResult::NothingFound { complete: false },
+            observed => ScanResult::Found { observed },
+        },
+        None => ScanResult::NothingFound { complete: false },
+    }
+}
+
+fn ensure_private_dir(dir: &Path) -> Result<(), String> {
+    if !dir.exists() {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+        }
+    }
+    Ok(())
+}
+
+fn write_private(path: &Path, text: &str) -> Result<(), String> {
+    use std::io::Write as _;
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    opts.open(path)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+/// The arguments of `handoffs supervise` (spawned by the engine, not typed by people).
+#[derive(Debug, Clone)]
+pub struct Supervise {
+    pub db: PathBuf,
+    pub request_id: String,
+    pub message: String,
+    pub agent: String,
+    pub timeout_secs: u64,
+    pub text_file: PathBuf,
+    pub endpoint: String,
+    pub cwd: String,
+    pub argv: Vec<String>,
+}
+
+fn fill(arg: &str, s: &Supervise) -> String {
+    arg.replace("{text_file}", &s.text_file.to_string_lossy())
+        .replace("{request_id}", &s.request_id)
+        .replace("{endpoint}", &s.endpoint)
+        .replace("{cwd}", &s.cwd)
+}
+
+/// Runs one command turn to its end and records the outcome durably. Returns the exit code
+/// the supervisor itself should end with.
+pub async fn supervise(s: Supervise) -> i32 {
+    let Ok(lock) = File::create(lock_path(&s.db, &s.request_id)) else {
+        return 1;
+    };
+    if lock.lock().is_err() {
+        return 1;
+    }
+    let Ok(mut store) = Store::open(&s.db) else {
+        return 1;
+    };
+    let now = || millis(crate::clock::now());
+    let argv: Vec<String> = s.argv.iter().map(|a| fill(a, &s)).collect();
+    let Some((program, args)) = argv.split_first() else {
+        return 2;
+    };
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args)
+        .env("HANDOFFS_TEXT_FILE", &s.text_file)
+        .env("HANDOFFS_REQUEST_ID", &s.request_id)
+        .env("HANDOFFS_AGENT_ID", &s.agent)
+        .env("HANDOFFS_AGENT", &s.agent)
+        .env("HANDOFFS_ENDPOINT", &s.endpoint)
+        .env("HANDOFFS_DB", &s.db)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    if !s.cwd.is_empty() {
+        cmd.current_dir(&s.cwd);
+    }
+    let log = runs_dir(&s.db).join(format!("{}.log", s.request_id));
+    if let Ok(f) = File::create(&log)
+        && let Ok(g) = f.try_clone()
+    {
+        cmd.stdout(f).stderr(g);
+    }
+    let mut row = RunRow {
+        request_id: s.request_id.clone(),
+        message_id: s.message.clone(),
+        agent: s.agent.clone(),
+        pid: None,
+        started_at: now(),
+        ends_at: None,
+        ended_at: None,
+        exit_code: None,
+        outcome: None,
+        detail: None,
+    };
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            row.outcome = Some("refused".to_owned());
+            row.detail = Some(format!("could not start {program}: {e}"));
+            row.ended_at = Some(now());
+            let _ = store.write(|tx| tx.insert_run(&row));
+            let _ = std::fs::remove_file(&s.text_file);
+            return 0;
+        }
+    };
+    row.pid = child.id().map(i64::from);
+    if store.write(|tx| tx.insert_run(&row)).is_err() {
+        let _ = child.kill().await;
+        return 1;
+    }
+    let waited = tokio::time::timeout(Duration::from_secs(s.timeout_secs), child.wait()).await;
+    let (code, outcome, detail) = match waited {
+        Ok(Ok(status)) => match status.code() {
+            Some(0) => (Some(0), "returned", None),
+            Some(c) => (
+                Some(i64::from(c)),
+                "errored",
+                Some(format!("exited with {c}")),
+            ),
+            None => (None, "errored", Some("killed by a signal".to_owned())),
+        },
+        Ok(Err(e)) => (None, "errored", Some(format!("wait failed: {e}"))),
+        Err(_) => {
+            let _ = child.kill().await;
+            (
+                None,
+                "errored",
+                Some(format!("killed after the {}s timeout", s.timeout_secs)),
+            )
+        }
+    };
+    let _ = store.write(|tx| tx.finish_run(&s.request_id, now(), code, outcome, detail.as_deref()));
+    let _ = std::fs::remove_file(&s.text_file);
+    drop(lock);
+    0
+}

@@ -1,0 +1,137 @@
+//! Adapters answer four questions about an agent (SPEC §4): its activity, preparing a write,
+//! starting one turn with a request id, and observing what became of a request id (including
+//! a history scan). Errors are values, never panics. Which adapter serves an agent is decided
+//! by its provider; the engine never knows more than this module's enum.
+
+pub mod command;
+pub mod demo;
+
+use crate::service::Service;
+use crate::store::{AgentRow, MessageRow};
+use model::{Activity, Observed, Provider, ScanResult, WriteOutcome};
+use serde_json::Value;
+use std::path::Path;
+
+/// What a write needs to know.
+#[derive(Debug)]
+pub struct Write<'a> {
+    pub db: &'a Path,
+    pub agent: &'a AgentRow,
+    pub message: &'a MessageRow,
+    pub text: &'a str,
+    pub request_id: &'a str,
+}
+
+/// The adapters, by provider.
+#[derive(Debug, Clone)]
+pub struct Adapters {
+    pub http: reqwest::Client,
+}
+
+impl Default for Adapters {
+    fn default() -> Self {
+        Adapters::new()
+    }
+}
+
+impl Adapters {
+    pub fn new() -> Adapters {
+        let http = reqwest::Client::builder()
+            .timeout(std::time::Duration::from_secs(command::HTTP_TIMEOUT_SECS))
+            .pool_max_idle_per_host(16)
+            .build()
+            .unwrap_or_default();
+        Adapters { http }
+    }
+
+    fn provider(agent: &AgentRow) -> Option<Provider> {
+        crate::service::parse_provider(&agent.provider).ok()
+    }
+
+    /// Whether the recipient is idle, busy, or cannot be verified.
+    pub async fn activity(&self, service: &mut Service, agent: &AgentRow) -> Activity {
+        match Self::provider(agent) {
+            Some(Provider::Command) => command::activity(self, service, agent).await,
+            Some(Provider::Demo) => demo::activity(service, agent),
+            Some(p) => Activity::Unknown {
+                detail: format!("the {} adapter is not available in this build", p.as_str()),
+            },
+            None => Activity::Unknown {
+                detail: format!("unknown provider {:?}", agent.provider),
+            },
+        }
+    }
+
+    /// Gets ready to write; an error here means nothing was written.
+    pub fn prepare(&self, _agent: &AgentRow) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// Writes one turn, once.
+    pub async fn start(&self, service: &mut Service, w: &Write<'_>) -> WriteOutcome {
+        match Self::provider(w.agent) {
+            Some(Provider::Command) => command::start(self, service, w).await,
+            Some(Provider::Demo) => demo::start(service, w),
+            _ => WriteOutcome::Refused {
+                detail: format!("no adapter for provider {:?}", w.agent.provider),
+            },
+        }
+    }
+
+    /// What became of `request_id`.
+    pub async fn observe(
+        &self,
+        service: &mut Service,
+        agent: &AgentRow,
+        request_id: &str,
+    ) -> Observed {
+        match Self::provider(agent) {
+            Some(Provider::Command) => command::observe(self, service, agent, request_id).await,
+            Some(Provider::Demo) => demo::observe(service, agent, request_id),
+            _ => Observed::Unreachable {
+                detail: format!("no adapter for provider {:?}", agent.provider),
+            },
+        }
+    }
+
+    /// Searches the recipient's history for `request_id`.
+    pub async fn scan(
+        &self,
+        service: &mut Service,
+        agent: &AgentRow,
+        request_id: &str,
+    ) -> ScanResult {
+        match Self::provider(agent) {
+            Some(Provider::Command) => command::scan(self, service, agent, request_id).await,
+            Some(Provider::Demo) => demo::scan(service, request_id),
+            _ => ScanResult::NothingFound { complete: false },
+        }
+    }
+
+    /// How often an active delivery to this agent is observed, in milliseconds.
+    pub fn observe_interval_ms(agent: &AgentRow) -> u64 {
+        match Self::provider(agent) {
+            // Without a status URL an accepted POST is returned: observe at once.
+            Some(Provider::Command) if agent.settings.get("url").is_some() => {
+                if agent.settings.get("status_url").is_some() {
+                    2_000
+                } else {
+                    0
+                }
+            }
+            // A finished run marks its delivery due itself; this only catches a vanished
+            // supervisor.
+            Some(Provider::Demo) => 250,
+            _ => 1_000,
+        }
+    }
+}
+
+/// Checks an agent's adapter settings when it is registered (SPEC §4).
+pub fn check_settings(provider: Provider, settings: &Value) -> Result<(), String> {
+    match provider {
+        Provider::Command => command::check_settings(settings),
+        Provider::Demo => demo::check_settings(settings),
+        Provider::Codex | Provider::ClaudeCode => Ok(()),
+    }
+}

@@ -1,0 +1,444 @@
+//! The engine: one bounded pass over due deliveries, and a loop that runs passes as soon as
+//! there is new work. For each delivery it loads the stored record, calls `model::step` with
+//! the facts it gathered, commits the result in one short transaction, and only then performs
+//! the effect the step asked for (commit before effect). It holds no delivery rule of its own.
+//!
+//! Only one engine delivers per database: it holds an exclusive lock on `<db>.engine` for its
+//! whole life (released by the OS if it is killed); another engine skips its pass and says so.
+
+pub mod outage;
+
+use crate::adapter::{Adapters, Write};
+use crate::service::{self, Service, ServiceError, card};
+use crate::store::{AgentRow, MessageRow, Tx, millis, sibling};
+use model::states::BusyReason;
+use model::{Change, Delivery, Effect, Event, EventKind, Millis, PassFacts, Policy};
+use serde::Serialize;
+use serde_json::{Value, json};
+use std::collections::VecDeque;
+use std::fs::File;
+use std::time::{Duration, Instant};
+
+/// How many deliveries one pass looks at, at most.
+const PASS_DELIVERIES_MAX: i64 = 2_000;
+/// Of the deliveries queued for one recipient, how many a pass looks at.
+const QUEUED_PER_RECIPIENT: i64 = 2;
+/// How often a running engine checks the database for new work.
+const WATCH_INTERVAL: Duration = Duration::from_millis(5);
+
+/// What one pass did (the health report, saved after each pass).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PassReport {
+    pub at: i64,
+    pub took_ms: u64,
+    pub enrolled: usize,
+    pub reminders: usize,
+    pub looked_at: usize,
+    pub moved: usize,
+    pub writes: usize,
+    pub errors: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<String>,
+    pub pid: u32,
+}
+
+/// The engine over one database.
+pub struct Engine {
+    pub service: Service,
+    adapters: Adapters,
+    policy: Policy,
+    one_shot: bool,
+    guard: outage::OutageGuard,
+    _lock: Option<File>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("one_shot", &self.one_shot)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why an engine could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("another engine is delivering for this database; this one stays idle")]
+    Busy,
+    #[error("{0}")]
+    Io(String),
+}
+
+impl Engine {
+    /// Takes the engine lock of the database; `Err(Busy)` when another engine holds it.
+    pub fn new(service: Service, one_shot: bool) -> Result<Engine, EngineError> {
+        let path = sibling(service.store.path(), ".engine");
+        let file = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| EngineError::Io(format!("cannot open {}: {e}", path.display())))?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => return Err(EngineError::Busy),
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(EngineError::Io(format!(
+                    "cannot lock {}: {e}",
+                    path.display()
+                )));
+            }
+        }
+        Ok(Engine {
+            service,
+            adapters: Adapters::new(),
+            policy: Policy::default(),
+            one_shot,
+            guard: outage::OutageGuard::default(),
+            _lock: Some(file),
+        })
+    }
+
+    /// Uses `policy` instead of the default (tests and the simulation).
+    #[must_use]
+    pub fn with_policy(mut self, policy: Policy) -> Engine {
+        self.policy = policy;
+        self
+    }
+
+    fn now(&self) -> Millis {
+        self.service.now()
+    }
+
+    /// One bounded pass over due deliveries.
+    pub async fn pass(&mut self) -> PassReport {
+        let started = Instant::now();
+        let mut report = PassReport {
+            at: millis(self.now()),
+            pid: std::process::id(),
+            ..PassReport::default()
+        };
+        match self.housekeeping() {
+            Ok((enrolled, reminders)) => {
+                report.enrolled = enrolled;
+                report.reminders = reminders;
+            }
+            Err(e) => report.errors.push(e.to_string()),
+        }
+        let now = millis(self.now());
+        let due = self
+            .service
+            .store
+            .read(|tx| tx.due(now, QUEUED_PER_RECIPIENT, PASS_DELIVERIES_MAX));
+        match due {
+            Ok(ids) => {
+                report.looked_at = ids.len();
+                for id in ids {
+                    if let Err(e) = self.deliver(&id, &mut report).await {
+                        report.errors.push(format!("{id}: {e}"));
+                    }
+                }
+            }
+            Err(e) => report.errors.push(e.to_string()),
+        }
+        report.took_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let value = serde_json::to_value(&report).unwrap_or(Value::Null);
+        let at = report.at;
+        if let Err(e) = self.service.store.write(|tx| tx.save_report(at, &value)) {
+            report.errors.push(e.to_string());
+        }
+        report
+    }
+
+    /// Enrols handoffs that have no delivery yet, and sends due reminders (one each, as a
+    /// non-waking notification).
+    fn housekeeping(&mut self) -> Result<(usize, usize), ServiceError> {
+        let now = self.now();
+        self.service.store.write(|tx| {
+            let after = service::enabled_after(tx)?;
+            let mut enrolled = 0;
+            for m in tx.unenrolled(after, 1_000)? {
+                if service::enrol(tx, &m, now)?.is_some() {
+                    enrolled += 1;
+                }
+            }
+            let mut reminders = 0;
+            for mut w in tx.overdue_unreminded(millis(now))? {
+                let body = format!(
+                    "Reminder: the work \"{}\" you gave to {} is past its due time and has not been returned.",
+                    w.title, w.recipient
+                );
+                let m = MessageRow {
+                    id: crate::clock::new_id(),
+                    sender: w.recipient.clone(),
+                    recipient: w.sender.clone(),
+                    body_hash: service::body_hash(&body),
+                    body,
+                    intent: "notification".to_owned(),
+                    kind: "reminder".to_owned(),
+                    title: Some(format!("overdue: {}", w.title)),
+                    work_id: Some(w.id.clone()),
+                    idem_key: None,
+                    created_at: millis(now),
+                    read_at: None,
+                };
+                tx.insert_message(&m)?;
+                w.reminded_at = Some(millis(now));
+                tx.update_work(&w)?;
+                tx.event(millis(now), Some(&w.id), "reminder", &format!("overdue; {} reminded", w.sender))?;
+                reminders += 1;
+            }
+            Ok((enrolled, reminders))
+        })
+    }
+}
+
+/// The facts of SPEC §2.2 steps 1–6 for one delivery, read in the step's transaction.
+fn facts(tx: &Tx<'_>, id: &str, one_shot: bool) -> Result<PassFacts, ServiceError> {
+    let m = tx
+        .message(id)?
+        .ok_or_else(|| ServiceError::NotFound(format!("message {id} is gone")))?;
+    let recipient = tx
+        .agent(&m.recipient)?
+        .as_ref()
+        .and_then(service::target_of);
+    Ok(PassFacts {
+        body_hash: m.body_hash.clone(),
+        read_by_recipient: m.read_at.is_some(),
+        work_open: service::work_open(tx, &m)?,
+        permission: service::permission(tx, &m.sender, &m.recipient)?,
+        recipient,
+        one_shot,
+        outage: None,
+        fresh_request_id: model::RequestId::new(crate::clock::new_id()),
+    })
+}
+
+/// When the engine should look at a delivery again, given its new record.
+fn due_after(
+    policy: &Policy,
+    record: &Delivery,
+    agent: Option<&AgentRow>,
+    now: Millis,
+) -> Option<i64> {
+    let soon = |ms: u64| Some(millis(now.plus_ms(ms)));
+    let observe = agent.map_or(1_000, Adapters::observe_interval_ms);
+    let deadline = record.next_deadline(policy).map(millis);
+    match record {
+        Delivery::Waiting(_) => soon(1_000),
+        Delivery::Busy(b) => match b.reason() {
+            BusyReason::EarlierDelivery { .. } => soon(30_000),
+            BusyReason::RecipientInTurn { .. } => soon(500),
+        },
+        Delivery::Held(_) | Delivery::Unavailable(_) => soon(5_000),
+        Delivery::OwnerRejected(_) => soon(0),
+        Delivery::Sending(_) | Delivery::Failed(_) => deadline,
+        Delivery::Accepted(_) | Delivery::Running(_) => {
+            [deadline, soon(observe)].into_iter().flatten().min()
+        }
+        Delivery::Uncertain(_) => [deadline, soon(30_000)].into_iter().flatten().min(),
+        _ => None,
+    }
+}
+
+impl Engine {
+    /// Applies one event to the stored delivery `id` in one transaction: the record as stored
+    /// now (a person may have released it meanwhile), `step`, the new record and its event.
+    fn apply(
+        &mut self,
+        id: &str,
+        report: &mut PassReport,
+        event: impl FnOnce(&Tx<'_>) -> Result<EventKind, ServiceError>,
+    ) -> Result<(Delivery, Vec<Effect>), ServiceError> {
+        let now = self.now();
+        let policy = &self.policy;
+        let result: Result<_, ServiceError> = self.service.store.write(|tx| {
+            let row = tx
+                .delivery(id)?
+                .ok_or_else(|| ServiceError::NotFound(format!("no delivery {id}")))?;
+            let kind = event(tx)?;
+            let step = model::step(row.record.clone(), Event::new(now, kind), policy);
+            if matches!(step.change, Change::Ignored { .. } | Change::Unchanged) {
+                return Ok((step.record, step.effects, None));
+            }
+            let agent = tx.agent(&row.recipient)?;
+            let due = due_after(policy, &step.record, agent.as_ref(), now);
+            tx.save_delivery(id, &step.record, due, millis(now))?;
+            let note_changed = step.record.core().note() != row.record.core().note();
+            if let Change::Moved { from, to } = step.change {
+                tx.event(
+                    millis(now),
+                    Some(id),
+                    "state",
+                    &format!("{from} → {to}: {}", step.record.detail()),
+                )?;
+                if !step.record.is_active()
+                    && (from.class() == model::Class::Active
+                        || to.class() == model::Class::Terminal)
+                {
+                    tx.wake_recipient(&row.recipient, millis(now))?;
+                }
+            } else if note_changed && step.record.core().note().is_some() {
+                tx.event(millis(now), Some(id), "note", &step.record.detail())?;
+            }
+            Ok((step.record, step.effects, Some(step.change)))
+        });
+        let (record, effects, change) = result?;
+        if matches!(change, Some(Change::Moved { .. })) {
+            report.moved += 1;
+        }
+        Ok((record, effects))
+    }
+
+    /// Takes one delivery through as much of SPEC §2.2–2.4 as it can now.
+    async fn deliver(&mut self, id: &str, report: &mut PassReport) -> Result<(), ServiceError> {
+        let (_, effects) = self.apply(id, report, |_| Ok(EventKind::TimePassed))?;
+        let mut queue: VecDeque<Effect> = effects.into();
+        let guard_config = self
+            .service
+            .store
+            .read(|tx| tx.config("outageGuard"))?
+            .unwrap_or(Value::Null);
+        let outage = self.guard.check(&self.adapters.http, &guard_config).await;
+        let one_shot = self.one_shot;
+        let (record, effects) = self.apply(id, report, |tx| {
+            let mut facts = facts(tx, id, one_shot)?;
+            facts.outage.clone_from(&outage);
+            Ok(EventKind::PassStarted(facts))
+        })?;
+        queue.extend(effects);
+        let recipient = record.core().target().agent.as_str().to_owned();
+        while let Some(effect) = queue.pop_front() {
+            let agent = self.service.store.read(|tx| tx.agent(&recipient))?;
+            let Some(agent) = agent else {
+                // Gone since the pass began: the next pass makes it UNAVAILABLE.
+                break;
+            };
+            let more = match effect {
+                Effect::CheckActivity => {
+                    let activity = self.adapters.activity(&mut self.service, &agent).await;
+                    self.apply(id, report, |_| Ok(EventKind::ActivityObserved { activity }))?
+                        .1
+                }
+                Effect::Reserve => {
+                    let rcpt = recipient.clone();
+                    self.apply(id, report, |tx| {
+                        Ok(EventKind::Reservation {
+                            earlier_active: tx.active_for(&rcpt, id)?.map(model::MessageId::new),
+                        })
+                    })?
+                    .1
+                }
+                Effect::Prepare => {
+                    if let Err(e) = self.adapters.prepare(&agent) {
+                        report.errors.push(format!("{id}: prepare: {e}"));
+                    }
+                    let activity = self.adapters.activity(&mut self.service, &agent).await;
+                    self.apply(id, report, |tx| {
+                        let facts = facts(tx, id, one_shot)?;
+                        Ok(EventKind::SendBoundary {
+                            permission: facts.permission,
+                            recipient: facts.recipient,
+                            activity,
+                            work_open: facts.work_open,
+                        })
+                    })?
+                    .1
+                }
+                Effect::Write { request_id, .. } => {
+                    let (message, work) = self.service.store.read(|tx| {
+                        let m = tx.message(id)?;
+                        let w = match m.as_ref().and_then(|m| m.work_id.clone()) {
+                            Some(w) => tx.work(&w)?,
+                            None => None,
+                        };
+                        Ok::<_, ServiceError>((m, w))
+                    })?;
+                    let Some(message) = message else { break };
+                    let text = card::card(&message, work.as_ref());
+                    let db = self.service.store.path().to_owned();
+                    let write = Write {
+                        db: &db,
+                        agent: &agent,
+                        message: &message,
+                        text: &text,
+                        request_id: request_id.as_str(),
+                    };
+                    report.writes += 1;
+                    let outcome = self.adapters.start(&mut self.service, &write).await;
+                    self.apply(id, report, |_| Ok(EventKind::WriteResult { outcome }))?
+                        .1
+                }
+                Effect::Observe { request_id } => {
+                    let observed = self
+                        .adapters
+                        .observe(&mut self.service, &agent, request_id.as_str())
+                        .await;
+                    self.apply(id, report, |_| Ok(EventKind::Observation { observed }))?
+                        .1
+                }
+                Effect::ScanHistory { request_id } => {
+                    let scan = self
+                        .adapters
+                        .scan(&mut self.service, &agent, request_id.as_str())
+                        .await;
+                    self.apply(id, report, |_| Ok(EventKind::HistoryScan { scan }))?
+                        .1
+                }
+            };
+            queue.extend(more);
+        }
+        Ok(())
+    }
+
+    /// Passes until `shutdown` resolves: at once when the database changes (a send, a
+    /// finished run, a release), and at the latest when the next delivery is due or
+    /// `interval` has passed.
+    pub async fn run(
+        &mut self,
+        interval: Duration,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) {
+        tokio::pin!(shutdown);
+        loop {
+            let report = self.pass().await;
+            for e in &report.errors {
+                tracing::warn!(error = %e, "engine pass");
+            }
+            #[allow(clippy::redundant_closure_for_method_calls)] // a path does not fit the HRTB
+            let next_due = self.service.store.read(|tx| tx.next_due()).ok().flatten();
+            let now = millis(self.now());
+            let wait = match next_due {
+                Some(d) => Duration::from_millis(u64::try_from(d - now).unwrap_or(0)).min(interval),
+                None => interval,
+            };
+            let deadline = tokio::time::Instant::now() + wait;
+            let seen = self.service.store.data_version().unwrap_or(0);
+            loop {
+                tokio::select! {
+                    biased;
+                    () = &mut shutdown => return,
+                    () = tokio::time::sleep(WATCH_INTERVAL) => {}
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    break;
+                }
+                if self.service.store.data_version().unwrap_or(seen) != seen {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Overview of an engine's health from its last report.
+pub fn health(report: Option<(i64, Value)>, now: Millis) -> Value {
+    match report {
+        None => json!({"engine": "never ran"}),
+        Some((at, r)) => json!({
+            "last_pass_at": at,
+            "seconds_ago": (millis(now) - at) / 1000,
+            "report": r,
+        }),
+    }
+}

@@ -1,0 +1,152 @@
+//! The outage guard (SPEC §5 `config outageGuard`): polls a Statuspage-style `summary.json`
+//! with a timeout and a cache, and fails open (an unreachable status page is no outage).
+
+use serde_json::Value;
+use std::time::{Duration, Instant};
+
+const CACHE: Duration = Duration::from_secs(60);
+const TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Status pages of the common providers.
+pub const PRESETS: [(&str, &str); 3] = [
+    ("openai", "https://status.openai.com/api/v2/summary.json"),
+    (
+        "anthropic",
+        "https://status.anthropic.com/api/v2/summary.json",
+    ),
+    ("github", "https://www.githubstatus.com/api/v2/summary.json"),
+];
+
+/// Checks an `outageGuard` value: `null`, `{"preset": NAME}`, or `{"url", "components"?}`.
+pub fn check_config(v: &Value) -> Result<(), String> {
+    if v.is_null() {
+        return Ok(());
+    }
+    let obj = v
+        .as_object()
+        .ok_or("outageGuard takes null, {\"preset\": NAME} or {\"url\": …, \"components\": […]}")?;
+    if let Some(p) = obj.get("preset") {
+        let name = p.as_str().unwrap_or_default();
+        if !PRESETS.iter().any(|(n, _)| *n == name) {
+            let names: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
+            return Err(format!("unknown preset {p}; presets: {}", names.join(", ")));
+        }
+        return Ok(());
+    }
+    let url = obj
+        .get("url")
+        .and_then(Value::as_str)
+        .ok_or("outageGuard needs a preset or a url")?;
+    reqwest::Url::parse(url).map_err(|e| format!("outageGuard url: {e}"))?;
+    if let Some(c) = obj.get("components")
+        && !c.as_array().is_some_and(|a| a.iter().all(Value::is_string))
+    {
+        return Err("outageGuard components must be a list of component names".to_owned());
+    }
+    Ok(())
+}
+
+/// The guard's cached view.
+#[derive(Debug, Default)]
+pub struct OutageGuard {
+    cached: Option<(Instant, String, Option<String>)>,
+}
+
+impl OutageGuard {
+    /// The outage the status page reports for `config`, if any.
+    pub async fn check(&mut self, http: &reqwest::Client, config: &Value) -> Option<String> {
+        if config.is_null() {
+            return None;
+        }
+        let url = match config.get("preset").and_then(Value::as_str) {
+            Some(name) => PRESETS.iter().find(|(n, _)| *n == name)?.1.to_owned(),
+            None => config.get("url")?.as_str()?.to_owned(),
+        };
+        if let Some((at, cached_url, verdict)) = &self.cached
+            && *cached_url == url
+            && at.elapsed() < CACHE
+        {
+            return verdict.clone();
+        }
+        let verdict = match http.get(&url).timeout(TIMEOUT).send().await {
+            Ok(r) if r.status().is_success() => match r.json::<Value>().await {
+                Ok(summary) => judge(&summary, config.get("components")),
+                Err(_) => None,
+            },
+            _ => None,
+        };
+        self.cached = Some((Instant::now(), url, verdict.clone()));
+        verdict
+    }
+}
+
+/// Reads a Statuspage summary: an outage when a watched component (or, with none named, the
+/// page's overall indicator) is not operational.
+pub fn judge(summary: &Value, components: Option<&Value>) -> Option<String> {
+    let watched: Vec<&str> = components
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    if watched.is_empty() {
+        let indicator = summary.pointer("/status/indicator")?.as_str()?;
+        return matches!(indicator, "major" | "critical").then(|| {
+            let d = summary
+                .pointer("/status/description")
+                .and_then(Value::as_str)
+                .unwrap_or(indicator);
+            format!("status page: {d}")
+        });
+    }
+    let list = summary.get("components")?.as_array()?;
+    let down: Vec<String> = list
+        .iter()
+        .filter(|c| {
+            c.get("name")
+                .and_then(Value::as_str)
+                .is_some_and(|n| watched.contains(&n))
+        })
+        .filter(|c| {
+            c.get("status")
+                .and_then(Value::as_str)
+                .is_some_and(|s| matches!(s, "major_outage" | "partial_outage"))
+        })
+        .filter_map(|c| {
+            Some(format!(
+                "{} {}",
+                c.get("name")?.as_str()?,
+                c.get("status")?.as_str()?
+            ))
+        })
+        .collect();
+    (!down.is_empty()).then(|| format!("status page: {}", down.join(", ")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_watched_component_in_major_outage_is_an_outage() {
+        let summary = json!({"status": {"indicator": "minor"}, "components": [
+            {"name": "API", "status": "major_outage"}, {"name": "Chat", "status": "operational"}]});
+        assert_eq!(
+            judge(&summary, Some(&json!(["API"]))).as_deref(),
+            Some("status page: API major_outage")
+        );
+        assert_eq!(judge(&summary, Some(&json!(["Chat"]))), None);
+        assert_eq!(
+            judge(&summary, None),
+            None,
+            "minor overall is not an outage"
+        );
+    }
+
+    #[test]
+    fn bad_guard_configs_are_refused() {
+        assert!(check_config(&json!({"preset": "nope"})).is_err());
+        assert!(check_config(&json!({"url": 3})).is_err());
+        assert!(check_config(&json!({"preset": "openai"})).is_ok());
+        assert!(check_config(&Value::Null).is_ok());
+    }
+}

@@ -1,0 +1,722 @@
+//! The command line (SPEC §5): clap definitions, one service call per command, text or JSON
+//! output, and `exit_code_of`, the one place errors become exit codes.
+
+use crate::adapter::command::Supervise;
+use crate::engine::{Engine, EngineError};
+use crate::service::{Outcome, Service, ServiceError};
+use crate::store::{Store, StoreError, token_path};
+use clap::{Args, Parser, Subcommand};
+use serde::Serialize;
+use serde_json::{Value, json};
+use std::io::Read as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+const DEFAULT_DB: &str = "./.handoffs/handoffs.sqlite3";
+
+/// Exactly-once delivery of handoffs between AI coding agents.
+#[derive(Debug, Parser)]
+#[command(name = "handoffs", version, about, max_term_width = 100)]
+pub struct Cli {
+    /// The database [env: HANDOFFS_DB] [default: ./.handoffs/handoffs.sqlite3]
+    #[arg(long, global = true, value_name = "PATH")]
+    pub db: Option<PathBuf>,
+    /// Print one JSON document instead of text.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create the database (idempotent) and its token file.
+    Init,
+    /// Register, list or remove agents.
+    #[command(subcommand)]
+    Agent(AgentCmd),
+    /// Allow the directed connection FROM → TO.
+    Allow { from: String, to: String },
+    /// Block the directed connection FROM → TO.
+    Block { from: String, to: String },
+    /// Show or set configuration: enabled, enabledAfter, connections, outageGuard.
+    Config {
+        key: Option<String>,
+        value: Option<String>,
+    },
+    /// Send a handoff (with --title: work) from one agent to another.
+    Send(SendArgs),
+    /// List an agent's messages (unread unless --all).
+    Inbox {
+        agent: String,
+        #[arg(long)]
+        all: bool,
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+    },
+    /// Show a message in full; marks it read when you are its recipient.
+    Read {
+        id: String,
+        #[command(flatten)]
+        actor: Actor,
+    },
+    /// Accept work given to you.
+    Accept {
+        id: String,
+        #[command(flatten)]
+        actor: Actor,
+    },
+    /// Return work to its sender with a summary (or --blocked).
+    Return {
+        id: String,
+        #[command(flatten)]
+        actor: Actor,
+        #[arg(long)]
+        summary: String,
+        #[arg(long)]
+        evidence: Option<String>,
+        #[arg(long)]
+        blocked: bool,
+    },
+    /// Close work you gave: accepted, revision or blocked.
+    Close {
+        id: String,
+        #[command(flatten)]
+        actor: Actor,
+        #[arg(value_parser = parse_outcome)]
+        outcome: Outcome,
+        #[arg(long)]
+        note: Option<String>,
+    },
+    /// Overview (in flight, needs attention, recent), or one delivery with its history.
+    Status { id: Option<String> },
+    /// Run one engine pass and print its report.
+    Tick,
+    /// Run the engine until Ctrl+C.
+    Run {
+        /// Longest sleep between passes, in seconds (new work wakes it at once).
+        #[arg(long, default_value_t = 5.0)]
+        interval: f64,
+    },
+    /// Engine and live page (arrives with the web issue).
+    Serve {
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        #[arg(long, default_value_t = 8765)]
+        port: u16,
+    },
+    /// Cancel one stuck delivery; never resends.
+    Release {
+        id: String,
+        #[arg(long)]
+        note: Option<String>,
+    },
+    /// Stdio MCP server for one agent (arrives with the MCP issue).
+    Mcp {
+        #[arg(long)]
+        agent: String,
+        #[arg(long)]
+        context_library: Option<PathBuf>,
+    },
+    /// Four simulated agents on a live page (arrives with the web issue).
+    Demo {
+        #[arg(long)]
+        port: Option<u16>,
+        #[arg(long)]
+        speed: Option<f64>,
+        #[arg(long)]
+        public_demo: bool,
+    },
+    /// Deterministic fault simulation (arrives with the simulation issue).
+    Sim {
+        #[arg(long)]
+        seed: Option<u64>,
+        #[arg(long)]
+        seeds: Option<String>,
+        #[arg(long)]
+        trace: bool,
+    },
+    /// Runs one command turn for the engine (internal).
+    #[command(hide = true)]
+    Supervise(SuperviseArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct Actor {
+    /// The acting agent [env: HANDOFFS_AGENT]
+    #[arg(
+        long = "as",
+        value_name = "AGENT",
+        env = "HANDOFFS_AGENT",
+        hide_env = true
+    )]
+    pub as_agent: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AgentCmd {
+    /// Register or update an agent.
+    Add {
+        id: String,
+        #[arg(long)]
+        provider: String,
+        #[arg(long)]
+        name: Option<String>,
+        #[arg(long)]
+        endpoint: Option<String>,
+        #[arg(long)]
+        cwd: Option<String>,
+        /// Adapter setting; VALUE is JSON when it parses, text otherwise.
+        #[arg(long = "set", value_name = "KEY=VALUE", value_parser = parse_setting)]
+        settings: Vec<(String, Value)>,
+    },
+    /// List agents.
+    List,
+    /// Remove an agent.
+    Remove { id: String },
+}
+
+#[derive(Debug, Args)]
+pub struct SendArgs {
+    pub from: String,
+    pub to: String,
+    /// The message, or - to read it from stdin.
+    pub message: String,
+    #[arg(long)]
+    pub title: Option<String>,
+    #[arg(long)]
+    pub due_minutes: Option<i64>,
+    /// Idempotency key: a repeated send with the same key returns the first message.
+    #[arg(long)]
+    pub key: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct SuperviseArgs {
+    #[arg(long)]
+    pub request_id: String,
+    #[arg(long)]
+    pub message: String,
+    #[arg(long)]
+    pub agent: String,
+    #[arg(long)]
+    pub timeout: u64,
+    #[arg(long)]
+    pub text_file: PathBuf,
+    #[arg(long, default_value = "")]
+    pub endpoint: String,
+    #[arg(long, default_value = "")]
+    pub cwd: String,
+    #[arg(last = true, required = true)]
+    pub argv: Vec<String>,
+}
+
+fn parse_setting(s: &str) -> Result<(String, Value), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))?;
+    if k.is_empty() {
+        return Err("the setting's key is empty".to_owned());
+    }
+    let value = serde_json::from_str(v).unwrap_or_else(|_| Value::String(v.to_owned()));
+    Ok((k.to_owned(), value))
+}
+
+fn parse_outcome(s: &str) -> Result<Outcome, String> {
+    s.parse()
+}
+
+/// A failure of a command, with its exit code.
+#[derive(Debug)]
+pub struct Failure {
+    pub code: u8,
+    pub message: String,
+}
+
+impl From<ServiceError> for Failure {
+    fn from(e: ServiceError) -> Self {
+        Failure {
+            code: exit_code_of(&e),
+            message: e.to_string(),
+        }
+    }
+}
+
+impl From<StoreError> for Failure {
+    fn from(e: StoreError) -> Self {
+        Failure::from(ServiceError::Store(e))
+    }
+}
+
+/// The one place a service error becomes an exit code (SPEC §5).
+pub fn exit_code_of(e: &ServiceError) -> u8 {
+    match e {
+        ServiceError::Usage(_) => 2,
+        ServiceError::Refused(_) | ServiceError::NotFound(_) | ServiceError::Store(_) => 1,
+    }
+}
+
+fn usage(message: impl Into<String>) -> Failure {
+    Failure {
+        code: 2,
+        message: message.into(),
+    }
+}
+
+/// The database path: --db, else $HANDOFFS_DB, else the default.
+pub fn db_path(cli: &Cli) -> PathBuf {
+    cli.db
+        .clone()
+        .or_else(|| {
+            std::env::var_os("HANDOFFS_DB")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        })
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_DB))
+}
+
+fn open(cli: &Cli) -> Result<Service, Failure> {
+    Ok(Service::new(Store::open(&db_path(cli))?))
+}
+
+/// Prints `value` as JSON, or `text` for people.
+fn emit<T: Serialize>(cli: &Cli, value: &T, text: impl FnOnce() -> String) {
+    if cli.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(value).unwrap_or_default()
+        );
+    } else {
+        let t = text();
+        if !t.is_empty() {
+            println!("{}", t.trim_end());
+        }
+    }
+}
+
+fn when(ms: i64) -> String {
+    let t = std::time::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+fn short(id: &str) -> &str {
+    &id[..id.len().min(8)]
+}
+
+fn one_line(s: &str, chars: usize) -> String {
+    let flat: String = s.split_whitespace().collect::<Vec<_>>().join(" ");
+    if flat.chars().count() > chars {
+        format!("{}…", flat.chars().take(chars).collect::<String>())
+    } else {
+        flat
+    }
+}
+
+fn not_yet(what: &str) -> Result<(), Failure> {
+    Err(Failure {
+        code: 1,
+        message: format!("`handoffs {what}` is not yet available in this build"),
+    })
+}
+
+/// Runs the command; `Err` carries the exit code and the one line to print.
+pub fn run(cli: &Cli) -> Result<(), Failure> {
+    match &cli.command {
+        Command::Init => {
+            let path = db_path(cli);
+            let (_, created) = Store::init(&path)?;
+            let token = token_path(&path);
+            emit(
+                cli,
+                &json!({"db": path, "token_file": token, "created": created}),
+                || {
+                    if created {
+                        format!("created {} (token in {})", path.display(), token.display())
+                    } else {
+                        format!("{} is ready", path.display())
+                    }
+                },
+            );
+            Ok(())
+        }
+        Command::Agent(cmd) => agent(cli, cmd),
+        Command::Allow { from, to } | Command::Block { from, to } => {
+            let allowed = matches!(cli.command, Command::Allow { .. });
+            let mut s = open(cli)?;
+            s.set_connection(from, to, allowed)?;
+            let verb = if allowed { "allowed" } else { "blocked" };
+            emit(
+                cli,
+                &json!({"from": from, "to": to, "allowed": allowed}),
+                || format!("{from} → {to} {verb}"),
+            );
+            Ok(())
+        }
+        Command::Config { key, value } => {
+            let mut s = open(cli)?;
+            match (key, value) {
+                (None, _) => {
+                    let all = s.config()?;
+                    let map: serde_json::Map<String, Value> = all.iter().cloned().collect();
+                    emit(cli, &map, || {
+                        let mut out = String::new();
+                        for k in ["enabled", "enabledAfter", "connections", "outageGuard"] {
+                            let v = s.config_get(k).unwrap_or(Value::Null);
+                            out.push_str(&format!("{k} = {v}\n"));
+                        }
+                        out
+                    });
+                }
+                (Some(k), None) => {
+                    let v = s.config_get(k)?;
+                    emit(cli, &json!({ k.as_str(): v }), || v.to_string());
+                }
+                (Some(k), Some(v)) => {
+                    let v = s.config_set(k, v)?;
+                    emit(cli, &json!({ k.as_str(): v }), || format!("{k} = {v}"));
+                }
+            }
+            Ok(())
+        }
+        Command::Send(a) => {
+            let body = if a.message == "-" {
+                let mut buf = String::new();
+                std::io::stdin()
+                    .take(4 * 1024 * 1024)
+                    .read_to_string(&mut buf)
+                    .map_err(|e| usage(format!("cannot read the message from stdin: {e}")))?;
+                buf
+            } else {
+                a.message.clone()
+            };
+            let mut s = open(cli)?;
+            let sent = s.send(
+                &a.from,
+                &a.to,
+                &body,
+                a.title.as_deref(),
+                a.due_minutes,
+                a.key.as_deref(),
+            )?;
+            emit(cli, &sent, || {
+                let state = sent
+                    .delivery_state
+                    .map_or_else(|| "not enrolled".to_owned(), |k| k.to_string());
+                if sent.created {
+                    format!("{} {} → {} ({state})", sent.message.id, a.from, a.to)
+                } else {
+                    format!("{} already sent with this key ({state})", sent.message.id)
+                }
+            });
+            Ok(())
+        }
+        Command::Inbox { agent, all, limit } => {
+            let mut s = open(cli)?;
+            let msgs = s.inbox(agent, *all, *limit)?;
+            emit(cli, &msgs, || {
+                if msgs.is_empty() {
+                    return format!(
+                        "no {}messages for {agent}",
+                        if *all { "" } else { "unread " }
+                    );
+                }
+                msgs.iter()
+                    .map(|m| {
+                        let mark = if m.read_at.is_some() { " " } else { "*" };
+                        let what = m.title.clone().unwrap_or_else(|| one_line(&m.body, 60));
+                        format!(
+                            "{mark} {}  {}  from {}  {}",
+                            short(&m.id),
+                            when(m.created_at),
+                            m.sender,
+                            what
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            });
+            Ok(())
+        }
+        Command::Read { id, actor } => {
+            let mut s = open(cli)?;
+            let m = s.read(id, &actor.as_agent)?;
+            emit(cli, &m, || {
+                let mut out = format!(
+                    "id: {}\nfrom: {}\nto: {}\nsent: {}\n",
+                    m.id,
+                    m.sender,
+                    m.recipient,
+                    when(m.created_at)
+                );
+                if let Some(t) = &m.title {
+                    out.push_str(&format!("title: {t}\n"));
+                }
+                out.push('\n');
+                out.push_str(&m.body);
+                out
+            });
+            Ok(())
+        }
+        Command::Accept { id, actor } => {
+            let mut s = open(cli)?;
+            let w = s.accept(id, &actor.as_agent)?;
+            emit(cli, &w, || format!("{} accepted", short(&w.id)));
+            Ok(())
+        }
+        Command::Return {
+            id,
+            actor,
+            summary,
+            evidence,
+            blocked,
+        } => {
+            let mut s = open(cli)?;
+            let (w, ret) =
+                s.return_work(id, &actor.as_agent, summary, evidence.as_deref(), *blocked)?;
+            emit(cli, &json!({"work": w, "return_message": ret}), || {
+                format!(
+                    "{} {}; return {} sent to {}",
+                    short(&w.id),
+                    w.state,
+                    short(&ret.id),
+                    w.sender
+                )
+            });
+            Ok(())
+        }
+        Command::Close {
+            id,
+            actor,
+            outcome,
+            note,
+        } => {
+            let mut s = open(cli)?;
+            let w = s.close(id, &actor.as_agent, *outcome, note.as_deref())?;
+            emit(cli, &w, || {
+                format!("{} closed: {}", short(&w.id), outcome.as_str())
+            });
+            Ok(())
+        }
+        Command::Status { id } => status(cli, id.as_deref()),
+        Command::Release { id, note } => {
+            let mut s = open(cli)?;
+            let v = s.release(id, note.as_deref())?;
+            emit(cli, &v, || {
+                format!("{} {}: {}", short(&v.id), v.state, v.detail)
+            });
+            Ok(())
+        }
+        Command::Tick => engine_cmd(cli, None),
+        Command::Run { interval } => {
+            if !(interval.is_finite() && *interval > 0.0 && *interval <= 3_600.0) {
+                return Err(usage(
+                    "--interval must be more than 0 and at most 3600 seconds",
+                ));
+            }
+            engine_cmd(cli, Some(Duration::from_secs_f64(*interval)))
+        }
+        Command::Serve { .. } => not_yet("serve"),
+        Command::Mcp { .. } => not_yet("mcp"),
+        Command::Demo { .. } => not_yet("demo"),
+        Command::Sim { .. } => not_yet("sim"),
+        Command::Supervise(a) => {
+            let sup = Supervise {
+                db: db_path(cli),
+                request_id: a.request_id.clone(),
+                message: a.message.clone(),
+                agent: a.agent.clone(),
+                timeout_secs: a.timeout,
+                text_file: a.text_file.clone(),
+                endpoint: a.endpoint.clone(),
+                cwd: a.cwd.clone(),
+                argv: a.argv.clone(),
+            };
+            let rt = runtime()?;
+            let code = rt.block_on(crate::adapter::command::supervise(sup));
+            if code == 0 {
+                Ok(())
+            } else {
+                Err(Failure {
+                    code: u8::try_from(code).unwrap_or(1),
+                    message: "supervise failed".to_owned(),
+                })
+            }
+        }
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure {
+            code: 1,
+            message: format!("cannot start the runtime: {e}"),
+        })
+}
+
+fn agent(cli: &Cli, cmd: &AgentCmd) -> Result<(), Failure> {
+    let mut s = open(cli)?;
+    match cmd {
+        AgentCmd::Add {
+            id,
+            provider,
+            name,
+            endpoint,
+            cwd,
+            settings,
+        } => {
+            let a = s.add_agent(
+                id,
+                provider,
+                name.as_deref(),
+                endpoint.as_deref(),
+                cwd.as_deref(),
+                settings,
+            )?;
+            emit(cli, &a, || format!("{} ({}) registered", a.id, a.provider));
+        }
+        AgentCmd::List => {
+            let agents = s.agents()?;
+            emit(cli, &agents, || {
+                if agents.is_empty() {
+                    return "no agents; add one with `handoffs agent add ID --provider P`"
+                        .to_owned();
+                }
+                agents
+                    .iter()
+                    .map(|a| format!("{}  {}  {}  {}", a.id, a.provider, a.endpoint, a.settings))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            });
+        }
+        AgentCmd::Remove { id } => {
+            s.remove_agent(id)?;
+            emit(cli, &json!({"removed": id}), || format!("{id} removed"));
+        }
+    }
+    Ok(())
+}
+
+fn status(cli: &Cli, id: Option<&str>) -> Result<(), Failure> {
+    let mut s = open(cli)?;
+    if let Some(id) = id {
+        let d = s.delivery(id)?;
+        emit(cli, &d, || {
+            let v = &d.delivery;
+            let mut out = format!(
+                "{} {} → {}  {}\n{}\nattempts: {}  request: {}\n",
+                v.id, v.from, v.to, v.state, v.detail, v.attempts, v.request_id
+            );
+            if !v.earlier_request_ids.is_empty() {
+                out.push_str(&format!(
+                    "earlier requests: {}\n",
+                    v.earlier_request_ids.join(", ")
+                ));
+            }
+            out.push_str("history:\n");
+            for e in &d.events {
+                out.push_str(&format!("  {}  {}  {}\n", when(e.at), e.kind, e.detail));
+            }
+            out
+        });
+        return Ok(());
+    }
+    let o = s.overview(20)?;
+    emit(cli, &o, || {
+        let mut out = String::new();
+        let section = |out: &mut String, title: &str, items: &[crate::service::DeliveryView]| {
+            out.push_str(&format!("{title} ({})\n", items.len()));
+            for v in items {
+                out.push_str(&format!(
+                    "  {}  {} → {}  {}  {}\n",
+                    short(&v.id),
+                    v.from,
+                    v.to,
+                    v.state,
+                    one_line(&v.detail, 90)
+                ));
+            }
+        };
+        section(&mut out, "in flight", &o.in_flight);
+        section(&mut out, "needs attention", &o.needs_attention);
+        if !o.overdue_work.is_empty() {
+            out.push_str(&format!("overdue work ({})\n", o.overdue_work.len()));
+            for w in &o.overdue_work {
+                out.push_str(&format!(
+                    "  {}  {} → {}  {}\n",
+                    short(&w.id),
+                    w.sender,
+                    w.recipient,
+                    w.title
+                ));
+            }
+        }
+        section(&mut out, "recent", &o.recent);
+        match o.engine_reported_at {
+            Some(at) => out.push_str(&format!("engine: last pass {}\n", when(at))),
+            None => out.push_str(
+                "engine: no pass yet; start one with `handoffs run` or `handoffs tick`\n",
+            ),
+        }
+        out
+    });
+    Ok(())
+}
+
+fn engine_cmd(cli: &Cli, interval: Option<Duration>) -> Result<(), Failure> {
+    let service = open(cli)?;
+    let mut engine = match Engine::new(service, interval.is_none()) {
+        Ok(e) => e,
+        Err(EngineError::Busy) => {
+            let msg = "another engine is delivering for this database; this pass is skipped";
+            emit(cli, &json!({"skipped": msg}), || msg.to_owned());
+            return Ok(());
+        }
+        Err(e) => {
+            return Err(Failure {
+                code: 1,
+                message: e.to_string(),
+            });
+        }
+    };
+    let rt = runtime()?;
+    match interval {
+        None => {
+            let report = rt.block_on(engine.pass());
+            emit(cli, &report, || {
+                let mut out = format!(
+                    "pass: looked at {}, moved {}, wrote {}, enrolled {}, reminders {}, {} ms",
+                    report.looked_at,
+                    report.moved,
+                    report.writes,
+                    report.enrolled,
+                    report.reminders,
+                    report.took_ms
+                );
+                for e in &report.errors {
+                    out.push_str(&format!("\nerror: {e}"));
+                }
+                out
+            });
+            Ok(())
+        }
+        Some(interval) => {
+            let interrupted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let flag = interrupted.clone();
+            rt.block_on(engine.run(interval, async move {
+                if tokio::signal::ctrl_c().await.is_ok() {
+                    flag.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
+            }));
+            if interrupted.load(std::sync::atomic::Ordering::SeqCst) {
+                Err(Failure {
+                    code: 130,
+                    message: "stopped".to_owned(),
+                })
+            } else {
+                Ok(())
+            }
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! Schema migrations, applied in order inside one transaction and recorded in
+//! `PRAGMA user_version`. Hand-written on purpose: the usual crate (`rusqlite_migration`)
+//! does not yet build against rusqlite 0.43, and this is twenty lines.
+
+/// The schema version this build writes.
+pub const LATEST: i64 = 1;
+
+/// `STEPS[i]` migrates from version `i` to `i + 1`.
+pub const STEPS: [&str; 1] = [r"
+CREATE TABLE agents (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    provider TEXT NOT NULL,
+    endpoint TEXT NOT NULL DEFAULT '',
+    cwd TEXT NOT NULL DEFAULT '',
+    settings TEXT NOT NULL DEFAULT '{}',
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+);
+CREATE TABLE connections (
+    from_agent TEXT NOT NULL,
+    to_agent TEXT NOT NULL,
+    allowed INTEGER NOT NULL,
+    PRIMARY KEY (from_agent, to_agent)
+);
+CREATE TABLE config (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE messages (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    sender TEXT NOT NULL,
+    recipient TEXT NOT NULL,
+    body TEXT NOT NULL,
+    body_hash TEXT NOT NULL,
+    intent TEXT NOT NULL CHECK (intent IN ('handoff', 'notification')),
+    kind TEXT NOT NULL CHECK (kind IN ('plain', 'work', 'return', 'reminder')),
+    title TEXT,
+    work_id TEXT,
+    idem_key TEXT,
+    created_at INTEGER NOT NULL,
+    read_at INTEGER,
+    UNIQUE (sender, idem_key)
+);
+CREATE INDEX messages_inbox ON messages (recipient, read_at, seq);
+CREATE TABLE work (
+    id TEXT PRIMARY KEY,
+    sender TEXT NOT NULL,
+    recipient TEXT NOT NULL,
+    title TEXT NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('assigned', 'accepted', 'returned', 'blocked', 'closed')),
+    due_at INTEGER,
+    reminded_at INTEGER,
+    summary TEXT,
+    evidence TEXT,
+    outcome TEXT,
+    note TEXT,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+);
+CREATE TABLE deliveries (
+    message_id TEXT PRIMARY KEY REFERENCES messages (id),
+    seq INTEGER NOT NULL,
+    recipient TEXT NOT NULL,
+    state TEXT NOT NULL,
+    class TEXT NOT NULL CHECK (class IN ('pending', 'active', 'terminal')),
+    record TEXT NOT NULL,
+    due_at INTEGER,
+    updated_at INTEGER NOT NULL
+);
+CREATE INDEX deliveries_due ON deliveries (due_at) WHERE due_at IS NOT NULL;
+CREATE INDEX deliveries_recipient ON deliveries (recipient, class, seq);
+CREATE INDEX deliveries_state ON deliveries (state, updated_at);
+CREATE TABLE events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    at INTEGER NOT NULL,
+    message_id TEXT,
+    kind TEXT NOT NULL,
+    detail TEXT NOT NULL
+);
+CREATE INDEX events_message ON events (message_id, seq);
+CREATE TABLE runs (
+    request_id TEXT PRIMARY KEY,
+    message_id TEXT NOT NULL,
+    agent TEXT NOT NULL,
+    pid INTEGER,
+    started_at INTEGER NOT NULL,
+    ends_at INTEGER,
+    ended_at INTEGER,
+    exit_code INTEGER,
+    outcome TEXT,
+    detail TEXT
+);
+CREATE INDEX runs_open ON runs (agent, outcome);
+CREATE TABLE engine (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    at INTEGER NOT NULL,
+    report TEXT NOT NULL
+);
+"];

@@ -1,0 +1,1036 @@
+//! The SQLite store: schema and migrations, connection settings, short `BEGIN IMMEDIATE`
+//! transactions, and typed reads and writes of agents, messages, work, deliveries, events and
+//! command runs. The only module that knows rusqlite. It decides nothing about delivery:
+//! records go in and out as `model::Delivery`.
+
+mod migrations;
+
+use model::{Delivery, MessageId, Millis, StateKind};
+use rusqlite::{
+    Connection, OpenFlags, OptionalExtension, Transaction, TransactionBehavior, params,
+};
+use serde_json::Value;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Our `PRAGMA application_id` ("HNDF"): tells our database from any other SQLite file.
+const APPLICATION_ID: i64 = 0x484E_4446;
+/// How long a writer waits for another process's transaction before giving up.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("no database at {0}; create one with `handoffs init`")]
+    Missing(PathBuf),
+    #[error("{0} is not a handoffs database")]
+    Foreign(PathBuf),
+    #[error("{path} is unreadable or corrupt: {detail}")]
+    Corrupt { path: PathBuf, detail: String },
+    #[error("{path} was written by a newer handoffs (schema {found}, this build knows {known})")]
+    TooNew {
+        path: PathBuf,
+        found: i64,
+        known: i64,
+    },
+    #[error("the database is locked by another process for too long; try again")]
+    Locked,
+    #[error("the database is read-only: {0}")]
+    ReadOnly(String),
+    #[error("database error: {0}")]
+    Sqlite(String),
+    #[error("{0}")]
+    Io(String),
+    #[error("stored record for {message} is invalid: {detail}")]
+    BadRecord { message: String, detail: String },
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        use rusqlite::ErrorCode;
+        match e.sqlite_error_code() {
+            Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => StoreError::Locked,
+            Some(ErrorCode::ReadOnly) => StoreError::ReadOnly(e.to_string()),
+            Some(ErrorCode::NotADatabase) => StoreError::Corrupt {
+                path: PathBuf::new(),
+                detail: "file is not a database".to_owned(),
+            },
+            Some(ErrorCode::CannotOpen | ErrorCode::PermissionDenied) => {
+                StoreError::Io(format!("cannot open the database: {e}"))
+            }
+            _ => StoreError::Sqlite(e.to_string()),
+        }
+    }
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// An open database.
+#[derive(Debug)]
+pub struct Store {
+    conn: Connection,
+    path: PathBuf,
+}
+
+/// The token file beside a database: `<db>.token`.
+pub fn token_path(db: &Path) -> PathBuf {
+    let mut p = db.as_os_str().to_owned();
+    p.push(".token");
+    PathBuf::from(p)
+}
+
+/// A sibling path of the database: `<db><suffix>`.
+pub fn sibling(db: &Path, suffix: &str) -> PathBuf {
+    let mut p = db.as_os_str().to_owned();
+    p.push(suffix);
+    PathBuf::from(p)
+}
+
+#[cfg(unix)]
+fn set_mode(path: &Path, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+}
+#[cfg(not(unix))]
+fn set_mode(_: &Path, _: u32) -> std::io::Result<()> {
+    Ok(())
+}
+
+impl Store {
+    /// Creates the database (and its folder, 0700) if missing, migrates it, and writes the
+    /// token file (0600) if missing. Idempotent. Returns whether anything was created.
+    pub fn init(path: &Path) -> Result<(Store, bool)> {
+        let existed = path.exists();
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+            && !dir.exists()
+        {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| StoreError::Io(format!("cannot create {}: {e}", dir.display())))?;
+            set_mode(dir, 0o700).map_err(|e| StoreError::Io(e.to_string()))?;
+        }
+        if !existed {
+            // Create the file with 0600 before SQLite opens it.
+            let mut opts = std::fs::OpenOptions::new();
+            opts.write(true).create_new(true);
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::OpenOptionsExt;
+                opts.mode(0o600);
+            }
+            opts.open(path)
+                .map_err(|e| StoreError::Io(format!("cannot create {}: {e}", path.display())))?;
+        }
+        let store = Store::open_inner(path, !existed)?;
+        let token = token_path(path);
+        let mut created_token = false;
+        if !token.exists() {
+            let value = format!(
+                "{}{}",
+                uuid::Uuid::new_v4().simple(),
+                uuid::Uuid::new_v4().simple()
+            );
+            let mut opts = std::fs::OpenOptions::new();
+            opts.write(true).create_new(true);
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::OpenOptionsExt;
+                opts.mode(0o600);
+            }
+            opts.open(&token)
+                .and_then(|mut f| f.write_all(value.as_bytes()))
+                .map_err(|e| StoreError::Io(format!("cannot write {}: {e}", token.display())))?;
+            created_token = true;
+        }
+        Ok((store, !existed || created_token))
+    }
+
+    /// Opens an existing database; a missing file says how to create one.
+    pub fn open(path: &Path) -> Result<Store> {
+        if !path.exists() {
+            return Err(StoreError::Missing(path.to_owned()));
+        }
+        Store::open_inner(path, false)
+    }
+
+    fn open_inner(path: &Path, fresh: bool) -> Result<Store> {
+        let corrupt = |detail: String| StoreError::Corrupt {
+            path: path.to_owned(),
+            detail,
+        };
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_URI
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|e| corrupt(e.to_string()))?;
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        // Reading the header tells a garbage file from a database before anything is written.
+        let app_id: i64 = conn
+            .query_row("PRAGMA application_id", [], |r| r.get(0))
+            .map_err(|e| match StoreError::from(e) {
+                StoreError::Corrupt { detail, .. } => corrupt(detail),
+                other => other,
+            })?;
+        let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+        if !fresh && app_id != APPLICATION_ID {
+            let empty: i64 =
+                conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))?;
+            if empty > 0 || version != 0 {
+                return Err(StoreError::Foreign(path.to_owned()));
+            }
+        }
+        if version > migrations::LATEST {
+            return Err(StoreError::TooNew {
+                path: path.to_owned(),
+                found: version,
+                known: migrations::LATEST,
+            });
+        }
+        let journal: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
+        if !journal.eq_ignore_ascii_case("wal") {
+            let _: String = conn
+                .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+                .map_err(StoreError::from)?;
+        }
+        // WAL + NORMAL is durable against a killed process (the engine's crash model); set
+        // HANDOFFS_SYNC=full to also survive power loss at about a tenth of the commit rate.
+        let sync = if std::env::var("HANDOFFS_SYNC").is_ok_and(|v| v.eq_ignore_ascii_case("full")) {
+            "FULL"
+        } else {
+            "NORMAL"
+        };
+        conn.execute_batch(&format!(
+            "PRAGMA synchronous={sync}; PRAGMA foreign_keys=ON; PRAGMA temp_store=MEMORY;"
+        ))?;
+        let mut store = Store {
+            conn,
+            path: path.to_owned(),
+        };
+        if version < migrations::LATEST {
+            store.migrate(version)?;
+        }
+        for suffix in ["-wal", "-shm"] {
+            let p = sibling(path, suffix);
+            if p.exists() {
+                let _ = set_mode(&p, 0o600);
+            }
+        }
+        Ok(store)
+    }
+
+    fn migrate(&mut self, from: i64) -> Result<()> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        // Another process may have migrated while we waited for the lock.
+        let now: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+        for (i, sql) in migrations::STEPS.iter().enumerate() {
+            let target = i64::try_from(i).unwrap_or(i64::MAX) + 1;
+            if target > now.max(from) {
+                tx.execute_batch(sql)?;
+            }
+        }
+        tx.execute_batch(&format!(
+            "PRAGMA user_version = {}; PRAGMA application_id = {APPLICATION_ID};",
+            migrations::LATEST
+        ))?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs `f` in one short `BEGIN IMMEDIATE` transaction: all of it is committed, or none.
+    pub fn write<T, E>(&mut self, f: impl FnOnce(&Tx<'_>) -> Result<T, E>) -> Result<T, E>
+    where
+        E: From<StoreError>,
+    {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(StoreError::from)?;
+        let out = f(&Tx { tx: &tx })?;
+        tx.commit().map_err(StoreError::from)?;
+        Ok(out)
+    }
+
+    /// Runs `f` in a read transaction (a consistent snapshot).
+    pub fn read<T, E>(&mut self, f: impl FnOnce(&Tx<'_>) -> Result<T, E>) -> Result<T, E>
+    where
+        E: From<StoreError>,
+    {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Deferred)
+            .map_err(StoreError::from)?;
+        let out = f(&Tx { tx: &tx })?;
+        tx.commit().map_err(StoreError::from)?;
+        Ok(out)
+    }
+
+    /// SQLite's `data_version`: changes whenever another connection commits. Polling it is
+    /// how a running engine notices new work at once without re-reading tables.
+    pub fn data_version(&self) -> Result<i64> {
+        Ok(self
+            .conn
+            .query_row("PRAGMA data_version", [], |r| r.get(0))?)
+    }
+}
+
+/// A registered agent.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct AgentRow {
+    pub id: String,
+    pub name: String,
+    pub provider: String,
+    pub endpoint: String,
+    pub cwd: String,
+    pub settings: Value,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+/// A stored message.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct MessageRow {
+    pub id: String,
+    pub sender: String,
+    pub recipient: String,
+    pub body: String,
+    pub body_hash: String,
+    /// `handoff` (should become a turn) or `notification` (inbox only).
+    pub intent: String,
+    /// `plain`, `work`, `return` or `reminder`.
+    pub kind: String,
+    pub title: Option<String>,
+    pub work_id: Option<String>,
+    pub idem_key: Option<String>,
+    pub created_at: i64,
+    pub read_at: Option<i64>,
+}
+
+/// A work contract.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct WorkRow {
+    pub id: String,
+    pub sender: String,
+    pub recipient: String,
+    pub title: String,
+    pub state: String,
+    pub due_at: Option<i64>,
+    pub reminded_at: Option<i64>,
+    pub summary: Option<String>,
+    pub evidence: Option<String>,
+    pub outcome: Option<String>,
+    pub note: Option<String>,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+/// A stored delivery: the model's record plus the engine's schedule.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeliveryRow {
+    pub message_id: String,
+    pub recipient: String,
+    pub record: Delivery,
+    pub due_at: Option<i64>,
+    pub updated_at: i64,
+}
+
+/// One line of the event timeline.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct EventRow {
+    pub seq: i64,
+    pub at: i64,
+    pub message_id: Option<String>,
+    pub kind: String,
+    pub detail: String,
+}
+
+/// One supervised command run (the argv adapter's durable history).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct RunRow {
+    pub request_id: String,
+    pub message_id: String,
+    pub agent: String,
+    pub pid: Option<i64>,
+    pub started_at: i64,
+    pub ends_at: Option<i64>,
+    pub ended_at: Option<i64>,
+    pub exit_code: Option<i64>,
+    /// NULL while running; `returned`, `errored`, `refused`.
+    pub outcome: Option<String>,
+    pub detail: Option<String>,
+}
+
+/// A transaction, with typed queries.
+#[derive(Debug)]
+pub struct Tx<'a> {
+    tx: &'a Transaction<'a>,
+}
+
+fn agent_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<AgentRow> {
+    let settings: String = r.get(5)?;
+    Ok(AgentRow {
+        id: r.get(0)?,
+        name: r.get(1)?,
+        provider: r.get(2)?,
+        endpoint: r.get(3)?,
+        cwd: r.get(4)?,
+        settings: serde_json::from_str(&settings).unwrap_or(Value::Null),
+        created_at: r.get(6)?,
+        updated_at: r.get(7)?,
+    })
+}
+
+const AGENT_COLS: &str = "id, name, provider, endpoint, cwd, settings, created_at, updated_at";
+const MESSAGE_COLS: &str = "id, sender, recipient, body, body_hash, intent, kind, title, work_id, idem_key, created_at, read_at";
+const WORK_COLS: &str = "id, sender, recipient, title, state, due_at, reminded_at, summary, evidence, outcome, note, created_at, updated_at";
+const RUN_COLS: &str =
+    "request_id, message_id, agent, pid, started_at, ends_at, ended_at, exit_code, outcome, detail";
+
+fn message_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<MessageRow> {
+    Ok(MessageRow {
+        id: r.get(0)?,
+        sender: r.get(1)?,
+        recipient: r.get(2)?,
+        body: r.get(3)?,
+        body_hash: r.get(4)?,
+        intent: r.get(5)?,
+        kind: r.get(6)?,
+        title: r.get(7)?,
+        work_id: r.get(8)?,
+        idem_key: r.get(9)?,
+        created_at: r.get(10)?,
+        read_at: r.get(11)?,
+    })
+}
+
+fn work_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<WorkRow> {
+    Ok(WorkRow {
+        id: r.get(0)?,
+        sender: r.get(1)?,
+        recipient: r.get(2)?,
+        title: r.get(3)?,
+        state: r.get(4)?,
+        due_at: r.get(5)?,
+        reminded_at: r.get(6)?,
+        summary: r.get(7)?,
+        evidence: r.get(8)?,
+        outcome: r.get(9)?,
+        note: r.get(10)?,
+        created_at: r.get(11)?,
+        updated_at: r.get(12)?,
+    })
+}
+
+fn run_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRow> {
+    Ok(RunRow {
+        request_id: r.get(0)?,
+        message_id: r.get(1)?,
+        agent: r.get(2)?,
+        pid: r.get(3)?,
+        started_at: r.get(4)?,
+        ends_at: r.get(5)?,
+        ended_at: r.get(6)?,
+        exit_code: r.get(7)?,
+        outcome: r.get(8)?,
+        detail: r.get(9)?,
+    })
+}
+
+fn class_of(kind: StateKind) -> &'static str {
+    match kind.class() {
+        model::Class::Pending => "pending",
+        model::Class::Active => "active",
+        model::Class::Terminal => "terminal",
+    }
+}
+
+impl Tx<'_> {
+    // ----- config -----
+
+    pub fn config(&self, key: &str) -> Result<Option<Value>> {
+        let v: Option<String> = self
+            .tx
+            .query_row("SELECT value FROM config WHERE key = ?1", [key], |r| {
+                r.get(0)
+            })
+            .optional()?;
+        Ok(v.and_then(|s| serde_json::from_str(&s).ok()))
+    }
+
+    pub fn set_config(&self, key: &str, value: &Value) -> Result<()> {
+        self.tx.execute(
+            "INSERT INTO config (key, value) VALUES (?1, ?2)
+             ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            params![key, value.to_string()],
+        )?;
+        Ok(())
+    }
+
+    pub fn all_config(&self) -> Result<Vec<(String, Value)>> {
+        let mut st = self
+            .tx
+            .prepare_cached("SELECT key, value FROM config ORDER BY key")?;
+        let rows = st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (k, v) = row?;
+            out.push((k, serde_json::from_str(&v).unwrap_or(Value::Null)));
+        }
+        Ok(out)
+    }
+
+    // ----- agents and connections -----
+
+    pub fn agent(&self, id: &str) -> Result<Option<AgentRow>> {
+        Ok(self
+            .tx
+            .prepare_cached(&format!("SELECT {AGENT_COLS} FROM agents WHERE id = ?1"))?
+            .query_row([id], agent_from)
+            .optional()?)
+    }
+
+    pub fn agents(&self) -> Result<Vec<AgentRow>> {
+        let mut st = self
+            .tx
+            .prepare_cached(&format!("SELECT {AGENT_COLS} FROM agents ORDER BY id"))?;
+        let rows = st.query_map([], agent_from)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    pub fn upsert_agent(&self, a: &AgentRow) -> Result<()> {
+        self.tx.execute(
+            "INSERT INTO agents (id, name, provider, endpoint, cwd, settings, created_at, updated_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+             ON CONFLICT (id) DO UPDATE SET name = excluded.name, provider = excluded.provider,
+               endpoint = excluded.endpoint, cwd = excluded.cwd, settings = excluded.settings,
+               updated_at = excluded.updated_at",
+            params![
+                a.id,
+                a.name,
+                a.provider,
+                a.endpoint,
+                a.cwd,
+                a.settings.to_string(),
+                a.created_at,
+                a.updated_at
+            ],
+        )?;
+        Ok(())
+    }
+
+    pub fn remove_agent(&self, id: &str) -> Result<bool> {
+        Ok(self.tx.execute("DELETE FROM agents WHERE id = ?1", [id])? > 0)
+    }
+
+    /// The explicit connection row for from→to, if any.
+    pub fn connection(&self, from: &str, to: &str) -> Result<Option<bool>> {
+        Ok(self
+            .tx
+            .prepare_cached(
+                "SELECT allowed FROM connections WHERE from_agent = ?1 AND to_agent = ?2",
+            )?
+            .query_row([from, to], |r| r.get(0))
+            .optional()?)
+    }
+
+    pub fn set_connection(&self, from: &str, to: &str, allowed: bool) -> Result<()> {
+        self.tx.execute(
+            "INSERT INTO connections (from_agent, to_agent, allowed) VALUES (?1, ?2, ?3)
+             ON CONFLICT (from_agent, to_agent) DO UPDATE SET allowed = excluded.allowed",
+            params![from, to, allowed],
+        )?;
+        Ok(())
+    }
+
+    pub fn connections(&self) -> Result<Vec<(String, String, bool)>> {
+        let mut st = self.tx.prepare_cached(
+            "SELECT from_agent, to_agent, allowed FROM connections ORDER BY from_agent, to_agent",
+        )?;
+        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    // ----- messages -----
+
+    pub fn insert_message(&self, m: &MessageRow) -> Result<()> {
+        self.tx.execute(
+            &format!("INSERT INTO messages ({MESSAGE_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"),
+            params![
+                m.id, m.sender, m.recipient, m.body, m.body_hash, m.intent, m.kind, m.title,
+                m.work_id, m.idem_key, m.created_at, m.read_at
+            ],
+        )?;
+        Ok(())
+    }
+
+    pub fn message(&self, id: &str) -> Result<Option<MessageRow>> {
+        Ok(self
+            .tx
+            .prepare_cached(&format!(
+                "SELECT {MESSAGE_COLS} FROM messages WHERE id = ?1"
+            ))?
+            .query_row([id], message_from)
+            .optional()?)
+    }
+
+    pub fn message_by_key(&self, sender: &str, key: &str) -> Result<Option<MessageRow>> {
+        Ok(self
+            .tx
+            .prepare_cached(&format!(
+                "SELECT {MESSAGE_COLS} FROM messages WHERE sender = ?1 AND idem_key = ?2"
+            ))?
+            .query_row([sender, key], message_from)
+            .optional()?)
+    }
+
+    /// Ids in `table` starting with `prefix` (at most 2, enough to tell unique from ambiguous).
+    pub fn ids_with_prefix(&self, table: IdTable, prefix: &str) -> Result<Vec<String>> {
+        let (t, col) = match table {
+            IdTable::Messages => ("messages", "id"),
+            IdTable::Deliveries => ("deliveries", "message_id"),
+        };
+        let escaped = prefix
+            .replace('\\', "\\\\")
+            .replace('%', "\\%")
+            .replace('_', "\\_");
+        let mut st = self.tx.prepare_cached(&format!(
+            "SELECT {col} FROM {t} WHERE {col} LIKE ?1 ESCAPE '\\' ORDER BY {col} LIMIT 2"
+        ))?;
+        let rows = st.query_map([format!("{escaped}%")], |r| r.get(0))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    pub fn mark_read(&self, id: &str, at: i64) -> Result<bool> {
+        Ok(self.tx.execute(
+            "UPDATE messages SET read_at = ?2 WHERE id = ?1 AND read_at IS NULL",
+            params![id, at],
+        )? > 0)
+    }
+
+    pub fn inbox(&self, agent: &str, all: bool, limit: i64) -> Result<Vec<MessageRow>> {
+        let filter = if all { "" } else { "AND read_at IS NULL" };
+        let mut st = self.tx.prepare_cached(&format!(
+            "SELECT {MESSAGE_COLS} FROM messages WHERE recipient = ?1 {filter}
+             ORDER BY seq DESC LIMIT ?2"
+        ))?;
+        let rows = st.query_map(params![agent, limit], message_from)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// Unread handoffs, created at or after `after`, to a registered agent, without a
+    /// delivery yet (SPEC §2.1), oldest first.
+    pub fn unenrolled(&self, after: i64, limit: i64) -> Result<Vec<MessageRow>> {
+        let mut st = self.tx.prepare_cached(&format!(
+            "SELECT {} FROM messages m
+             WHERE m.intent = 'handoff' AND m.read_at IS NULL AND m.created_at >= ?1
+               AND EXISTS (SELECT 1 FROM agents a WHERE a.id = m.recipient)
+               AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.message_id = m.id)
+             ORDER BY m.seq LIMIT ?2",
+            MESSAGE_COLS
+                .split(", ")
+                .map(|c| format!("m.{c}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))?;
+        let rows = st.query_map(params![after, limit], message_from)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// A live (pending or active) plain handoff with the same sender, recipient and body.
+    pub fn live_identical(&self, m: &MessageRow) -> Result<Option<String>> {
+        Ok(self
+            .tx
+            .prepare_cached(
+                "SELECT d.message_id FROM deliveries d JOIN messages m ON m.id = d.message_id
+                 WHERE m.sender = ?1 AND m.recipient = ?2 AND m.body_hash = ?3 AND m.kind = 'plain'
+                   AND d.class IN ('pending', 'active') AND m.id != ?4
+                 ORDER BY m.seq LIMIT 1",
+            )?
+            .query_row(params![m.sender, m.recipient, m.body_hash, m.id], |r| {
+                r.get(0)
+            })
+            .optional()?)
+    }
+
+    // ----- work -----
+
+    pub fn insert_work(&self, w: &WorkRow) -> Result<()> {
+        self.tx.execute(
+            &format!("INSERT INTO work ({WORK_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"),
+            params![
+                w.id, w.sender, w.recipient, w.title, w.state, w.due_at, w.reminded_at, w.summary,
+                w.evidence, w.outcome, w.note, w.created_at, w.updated_at
+            ],
+        )?;
+        Ok(())
+    }
+
+    pub fn work(&self, id: &str) -> Result<Option<WorkRow>> {
+        Ok(self
+            .tx
+            .prepare_cached(&format!("SELECT {WORK_COLS} FROM work WHERE id = ?1"))?
+            .query_row([id], work_from)
+            .optional()?)
+    }
+
+    pub fn update_work(&self, w: &WorkRow) -> Result<()> {
+        self.tx.execute(
+            "UPDATE work SET state = ?2, reminded_at = ?3, summary = ?4, evidence = ?5,
+               outcome = ?6, note = ?7, updated_at = ?8 WHERE id = ?1",
+            params![
+                w.id,
+                w.state,
+                w.reminded_at,
+                w.summary,
+                w.evidence,
+                w.outcome,
+                w.note,
+                w.updated_at
+            ],
+        )?;
+        Ok(())
+    }
+
+    pub fn open_work(&self, limit: i64) -> Result<Vec<WorkRow>> {
+        let mut st = self.tx.prepare_cached(&format!(
+            "SELECT {WORK_COLS} FROM work WHERE state != 'closed' ORDER BY created_at LIMIT ?1"
+        ))?;
+        let rows = st.query_map([limit], work_from)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// Work past its due time, not returned, not yet reminded.
+    pub fn overdue_unreminded(&self, now: i64) -> Result<Vec<WorkRow>> {
+        let mut st = self.tx.prepare_cached(&format!(
+            "SELECT {WORK_COLS} FROM work
+             WHERE due_at IS NOT NULL AND due_at <= ?1 AND reminded_at IS NULL
+               AND state IN ('assigned', 'accepted') ORDER BY due_at"
+        ))?;
+        let rows = st.query_map([now], work_from)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    // ----- deliveries -----
+
+    pub fn insert_delivery(&self, d: &DeliveryRow, seq_of_message: &str) -> Result<()> {
+        let json =
+            serde_json::to_string(&d.record).map_err(|e| StoreError::Sqlite(e.to_string()))?;
+        let kind = d.record.kind();
+        self.tx.execute(
+            "INSERT INTO deliveries (message_id, seq, recipient, state, class, record, due_at, updated_at)
+             VALUES (?1, (SELECT seq FROM messages WHERE id = ?2), ?3, ?4, ?5, ?6, ?7, ?8)",
+            params![
+                d.message_id,
+                seq_of_message,
+                d.recipient,
+                kind.as_str(),
+                class_of(kind),
+                json,
+                d.due_at,
+                d.updated_at
+            ],
+        )?;
+        Ok(())
+    }
+
+    pub fn delivery(&self, message_id: &str) -> Result<Option<DeliveryRow>> {
+        let row: Option<(String, String, String, Option<i64>, i64)> = self
+            .tx
+            .prepare_cached(
+                "SELECT message_id, recipient, record, due_at, updated_at FROM deliveries WHERE message_id = ?1",
+            )?
+            .query_row([message_id], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+            })
+            .optional()?;
+        row.map(|(message_id, recipient, json, due_at, updated_at)| {
+            decode_delivery(message_id, recipient, &json, due_at, updated_at)
+        })
+        .transpose()
+    }
+
+    pub fn save_delivery(
+        &self,
+        message_id: &str,
+        record: &Delivery,
+        due_at: Option<i64>,
+        now: i64,
+    ) -> Result<()> {
+        let json = serde_json::to_string(record).map_err(|e| StoreError::Sqlite(e.to_string()))?;
+        let kind = record.kind();
+        self.tx.execute(
+            "UPDATE deliveries SET state = ?2, class = ?3, record = ?4, due_at = ?5, updated_at = ?6
+             WHERE message_id = ?1",
+            params![message_id, kind.as_str(), class_of(kind), json, due_at, now],
+        )?;
+        Ok(())
+    }
+
+    pub fn set_due(&self, message_id: &str, due_at: Option<i64>) -> Result<()> {
+        self.tx.execute(
+            "UPDATE deliveries SET due_at = ?2 WHERE message_id = ?1",
+            params![message_id, due_at],
+        )?;
+        Ok(())
+    }
+
+    /// Makes every pending delivery to `recipient` due now (its earlier delivery settled).
+    pub fn wake_recipient(&self, recipient: &str, now: i64) -> Result<()> {
+        self.tx.execute(
+            "UPDATE deliveries SET due_at = ?2 WHERE recipient = ?1 AND class = 'pending'
+               AND (due_at IS NULL OR due_at > ?2)",
+            params![recipient, now],
+        )?;
+        Ok(())
+    }
+
+    /// Another active delivery to `recipient`, if any.
+    pub fn active_for(&self, recipient: &str, except: &str) -> Result<Option<String>> {
+        Ok(self
+            .tx
+            .prepare_cached(
+                "SELECT message_id FROM deliveries WHERE recipient = ?1 AND class = 'active'
+                   AND message_id != ?2 LIMIT 1",
+            )?
+            .query_row([recipient, except], |r| r.get(0))
+            .optional()?)
+    }
+
+    /// Due deliveries for one pass, active ones first, then oldest first. Of the deliveries
+    /// queued to take a turn (WAITING, BUSY, OWNER_REJECTED) only the oldest few per
+    /// recipient are looked at, so a long queue is not re-examined row by row.
+    pub fn due(&self, now: i64, per_recipient: i64, limit: i64) -> Result<Vec<String>> {
+        let mut st = self.tx.prepare_cached(
+            "SELECT message_id FROM (
+               SELECT message_id, 1 AS rank, seq FROM (
+                 SELECT message_id, seq, due_at,
+                        ROW_NUMBER() OVER (PARTITION BY recipient ORDER BY seq) AS rn
+                 FROM deliveries WHERE state IN ('WAITING', 'BUSY', 'OWNER_REJECTED')
+               ) WHERE due_at <= ?1 AND rn <= ?2
+               UNION ALL
+               SELECT message_id, CASE class WHEN 'active' THEN 0 ELSE 1 END AS rank, seq
+               FROM deliveries
+               WHERE state NOT IN ('WAITING', 'BUSY', 'OWNER_REJECTED') AND due_at <= ?1
+             ) ORDER BY rank, seq LIMIT ?3",
+        )?;
+        let rows = st.query_map(params![now, per_recipient, limit], |r| r.get(0))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// The earliest due time among deliveries (for the engine's sleep).
+    pub fn next_due(&self) -> Result<Option<i64>> {
+        Ok(self
+            .tx
+            .query_row("SELECT min(due_at) FROM deliveries", [], |r| r.get(0))?)
+    }
+
+    /// Deliveries by state, newest change first.
+    pub fn deliveries_in(&self, states: &[StateKind], limit: i64) -> Result<Vec<DeliveryRow>> {
+        if states.is_empty() {
+            return Ok(Vec::new());
+        }
+        let list = states
+            .iter()
+            .map(|s| format!("'{}'", s.as_str()))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut st = self.tx.prepare(&format!(
+            "SELECT message_id, recipient, record, due_at, updated_at FROM deliveries
+             WHERE state IN ({list}) ORDER BY updated_at DESC, seq DESC LIMIT ?1"
+        ))?;
+        let rows = st.query_map([limit], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get(3)?,
+                r.get(4)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (m, rcpt, json, due, upd) = row?;
+            out.push(decode_delivery(m, rcpt, &json, due, upd)?);
+        }
+        Ok(out)
+    }
+
+    pub fn count_by_state(&self) -> Result<Vec<(String, i64)>> {
+        let mut st = self.tx.prepare_cached(
+            "SELECT state, count(*) FROM deliveries GROUP BY state ORDER BY state",
+        )?;
+        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    // ----- events -----
+
+    pub fn event(&self, at: i64, message_id: Option<&str>, kind: &str, detail: &str) -> Result<()> {
+        self.tx
+            .prepare_cached(
+                "INSERT INTO events (at, message_id, kind, detail) VALUES (?1, ?2, ?3, ?4)",
+            )?
+            .execute(params![at, message_id, kind, detail])?;
+        Ok(())
+    }
+
+    pub fn events_for(&self, message_id: &str) -> Result<Vec<EventRow>> {
+        let mut st = self.tx.prepare_cached(
+            "SELECT seq, at, message_id, kind, detail FROM events WHERE message_id = ?1 ORDER BY seq",
+        )?;
+        let rows = st.query_map([message_id], event_from)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    pub fn events_after(&self, after: i64, limit: i64) -> Result<Vec<EventRow>> {
+        let mut st = self.tx.prepare_cached(
+            "SELECT seq, at, message_id, kind, detail FROM events WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+        )?;
+        let rows = st.query_map([after, limit], event_from)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    // ----- command runs -----
+
+    pub fn insert_run(&self, r: &RunRow) -> Result<()> {
+        self.tx.execute(
+            &format!(
+                "INSERT INTO runs ({RUN_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+            ),
+            params![
+                r.request_id,
+                r.message_id,
+                r.agent,
+                r.pid,
+                r.started_at,
+                r.ends_at,
+                r.ended_at,
+                r.exit_code,
+                r.outcome,
+                r.detail
+            ],
+        )?;
+        Ok(())
+    }
+
+    pub fn run(&self, request_id: &str) -> Result<Option<RunRow>> {
+        Ok(self
+            .tx
+            .prepare_cached(&format!(
+                "SELECT {RUN_COLS} FROM runs WHERE request_id = ?1"
+            ))?
+            .query_row([request_id], run_from)
+            .optional()?)
+    }
+
+    pub fn open_runs_for(&self, agent: &str) -> Result<Vec<RunRow>> {
+        let mut st = self.tx.prepare_cached(&format!(
+            "SELECT {RUN_COLS} FROM runs WHERE agent = ?1 AND outcome IS NULL ORDER BY started_at"
+        ))?;
+        let rows = st.query_map([agent], run_from)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    pub fn finish_run(
+        &self,
+        request_id: &str,
+        at: i64,
+        exit_code: Option<i64>,
+        outcome: &str,
+        detail: Option<&str>,
+    ) -> Result<()> {
+        let changed = self.tx.execute(
+            "UPDATE runs SET ended_at = ?2, exit_code = ?3, outcome = ?4, detail = ?5
+             WHERE request_id = ?1 AND outcome IS NULL",
+            params![request_id, at, exit_code, outcome, detail],
+        )?;
+        if changed > 0 {
+            // The run's delivery is due at once: a running engine notices the commit.
+            self.tx.execute(
+                "UPDATE deliveries SET due_at = ?2 WHERE message_id =
+                   (SELECT message_id FROM runs WHERE request_id = ?1) AND class = 'active'",
+                params![request_id, at],
+            )?;
+        }
+        Ok(())
+    }
+
+    // ----- engine -----
+
+    pub fn save_report(&self, at: i64, report: &Value) -> Result<()> {
+        self.tx.execute(
+            "INSERT INTO engine (id, at, report) VALUES (1, ?1, ?2)
+             ON CONFLICT (id) DO UPDATE SET at = excluded.at, report = excluded.report",
+            params![at, report.to_string()],
+        )?;
+        Ok(())
+    }
+
+    pub fn report(&self) -> Result<Option<(i64, Value)>> {
+        let row: Option<(i64, String)> = self
+            .tx
+            .query_row("SELECT at, report FROM engine WHERE id = 1", [], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .optional()?;
+        Ok(row.map(|(at, s)| (at, serde_json::from_str(&s).unwrap_or(Value::Null))))
+    }
+}
+
+/// Which table an id prefix is resolved in.
+#[derive(Clone, Copy, Debug)]
+pub enum IdTable {
+    Messages,
+    Deliveries,
+}
+
+fn event_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<EventRow> {
+    Ok(EventRow {
+        seq: r.get(0)?,
+        at: r.get(1)?,
+        message_id: r.get(2)?,
+        kind: r.get(3)?,
+        detail: r.get(4)?,
+    })
+}
+
+fn decode_delivery(
+    message_id: String,
+    recipient: String,
+    json: &str,
+    due_at: Option<i64>,
+    updated_at: i64,
+) -> Result<DeliveryRow> {
+    let record: Delivery = serde_json::from_str(json).map_err(|e| StoreError::BadRecord {
+        message: message_id.clone(),
+        detail: e.to_string(),
+    })?;
+    Ok(DeliveryRow {
+        message_id,
+        recipient,
+        record,
+        due_at,
+        updated_at,
+    })
+}
+
+/// Milliseconds since the epoch, as stored.
+pub fn millis(m: Millis) -> i64 {
+    i64::try_from(m.0).unwrap_or(i64::MAX)
+}
+
+/// A stored instant as the model's `Millis`.
+pub fn from_millis(v: i64) -> Millis {
+    Millis(u64::try_from(v).unwrap_or(0))
+}
+
+/// The message id type for a stored id.
+pub fn message_id(id: &str) -> MessageId {
+    MessageId::new(id)
+}
