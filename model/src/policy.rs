@@ -9,6 +9,7 @@ const HOUR_MS: u64 = 60 * MINUTE_MS;
 
 /// The bounds `step` enforces. `Policy::default()` is the behaviour SPEC §2 promises.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Policy {
     /// Automatic resends after an errored turn.
     pub error_resends_max: u32,

@@ -320,6 +320,28 @@ impl Engine {
                     self.apply(id, report, |_| Ok(EventKind::ActivityObserved { activity }))?
                         .1
                 }
+                Effect::Reserve if self.policy.planted(model::PlantedBug::ReserveAfterWrite) => {
+                    // The planted bug: write first, commit the reservation afterwards. A kill
+                    // in between forgets the write, and the next engine writes again.
+                    let request_id = record.core().request_id().to_string();
+                    let outcome = self.write_now(id, &agent, &request_id, report).await?;
+                    self.apply(id, report, |_| {
+                        Ok(EventKind::Reservation {
+                            earlier_active: None,
+                        })
+                    })?;
+                    self.apply(id, report, |tx| {
+                        let facts = facts(tx, id, one_shot)?;
+                        Ok(EventKind::SendBoundary {
+                            permission: facts.permission,
+                            recipient: facts.recipient,
+                            activity: model::Activity::Idle,
+                            work_open: facts.work_open,
+                        })
+                    })?;
+                    self.apply(id, report, |_| Ok(EventKind::WriteResult { outcome }))?
+                        .1
+                }
                 Effect::Reserve => {
                     let rcpt = recipient.clone();
                     self.apply(id, report, |tx| {
@@ -346,26 +368,9 @@ impl Engine {
                     .1
                 }
                 Effect::Write { request_id, .. } => {
-                    let (message, work) = self.service.store.read(|tx| {
-                        let m = tx.message(id)?;
-                        let w = match m.as_ref().and_then(|m| m.work_id.clone()) {
-                            Some(w) => tx.work(&w)?,
-                            None => None,
-                        };
-                        Ok::<_, ServiceError>((m, w))
-                    })?;
-                    let Some(message) = message else { break };
-                    let text = card::card(&message, work.as_ref());
-                    let db = self.service.store.path().to_owned();
-                    let write = Write {
-                        db: &db,
-                        agent: &agent,
-                        message: &message,
-                        text: &text,
-                        request_id: request_id.as_str(),
-                    };
-                    report.writes += 1;
-                    let outcome = self.adapters.start(&mut self.service, &write).await;
+                    let outcome = self
+                        .write_now(id, &agent, request_id.as_str(), report)
+                        .await?;
                     self.apply(id, report, |_| Ok(EventKind::WriteResult { outcome }))?
                         .1
                 }
@@ -389,6 +394,37 @@ impl Engine {
             queue.extend(more);
         }
         Ok(())
+    }
+
+    /// Hands one write to the adapter: the card for the message, with `request_id`.
+    async fn write_now(
+        &mut self,
+        id: &str,
+        agent: &AgentRow,
+        request_id: &str,
+        report: &mut PassReport,
+    ) -> Result<model::WriteOutcome, ServiceError> {
+        let (message, work) = self.service.store.read(|tx| {
+            let m = tx.message(id)?;
+            let w = match m.as_ref().and_then(|m| m.work_id.clone()) {
+                Some(w) => tx.work(&w)?,
+                None => None,
+            };
+            Ok::<_, ServiceError>((m, w))
+        })?;
+        let message =
+            message.ok_or_else(|| ServiceError::NotFound(format!("message {id} is gone")))?;
+        let text = card::card(&message, work.as_ref());
+        let db = self.service.store.path().to_owned();
+        let write = Write {
+            db: &db,
+            agent,
+            message: &message,
+            text: &text,
+            request_id,
+        };
+        report.writes += 1;
+        Ok(self.adapters.start(&mut self.service, &write).await)
     }
 
     /// Passes until `shutdown` resolves: at once when the database changes (a send, a

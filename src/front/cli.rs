@@ -680,6 +680,13 @@ fn engine_cmd(cli: &Cli, interval: Option<Duration>) -> Result<(), Failure> {
             });
         }
     };
+    if let Some(raw) = std::env::var_os("HANDOFFS_POLICY") {
+        // Shorter bounds for tests and drills, e.g. {"sending_timeout_ms": 1000}.
+        let raw = raw.to_string_lossy();
+        let policy: model::Policy = serde_json::from_str(&raw)
+            .map_err(|e| usage(format!("HANDOFFS_POLICY is not a valid policy: {e}")))?;
+        engine = engine.with_policy(policy);
+    }
     let rt = runtime()?;
     match interval {
         None => {

@@ -571,11 +571,12 @@ impl Service {
             .store
             .read(|tx| Ok::<_, ServiceError>(tx.ids_with_prefix(table, given)?))?;
         match matches.as_slice() {
-            [one] if one == given || given.len() >= ID_PREFIX_MIN => Ok(one.clone()),
-            [] => Err(ServiceError::NotFound(format!("no message {given:?}"))),
-            [_] => usage(format!(
+            [one] if one == given => Ok(one.clone()),
+            _ if given.len() < ID_PREFIX_MIN => usage(format!(
                 "{given:?} is too short: give the full id or at least {ID_PREFIX_MIN} characters"
             )),
+            [one] => Ok(one.clone()),
+            [] => Err(ServiceError::NotFound(format!("no message {given:?}"))),
             _ => usage(format!(
                 "{given:?} matches more than one message; give more characters"
             )),

@@ -1,0 +1,311 @@
+//! Bad input everywhere on the command line: one clear line on stderr, the right exit code,
+//! nothing written half-way, never a panic.
+
+mod common;
+
+use common::World;
+use std::process::Command;
+
+fn stderr_line(out: &std::process::Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!err.contains("panicked"), "panic: {err}");
+    assert!(!err.contains("RUST_BACKTRACE"), "backtrace hint: {err}");
+    err
+}
+
+fn assert_fails(w: &World, args: &[&str], code: i32, needle: &str) {
+    let out = w.run(args);
+    let err = stderr_line(&out);
+    assert_eq!(out.status.code(), Some(code), "handoffs {args:?}: {err}");
+    assert!(
+        err.contains(needle),
+        "handoffs {args:?}: expected {needle:?} in {err:?}"
+    );
+    if code == 1 {
+        assert_eq!(err.trim_end().lines().count(), 1, "one line: {err:?}");
+    }
+}
+
+fn two_agents() -> World {
+    let w = World::new();
+    w.ok(&["agent", "add", "a", "--provider", "demo"]);
+    w.ok(&["agent", "add", "b", "--provider", "demo"]);
+    w
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let w = two_agents();
+    assert_fails(&w, &["frobnicate"], 2, "unrecognized subcommand");
+    assert_fails(
+        &w,
+        &["send", "a", "b", "hi", "--bogus"],
+        2,
+        "unexpected argument",
+    );
+    assert_fails(&w, &["send", "a"], 2, "required");
+    assert_fails(
+        &w,
+        &["send", "a", "b", "hi", "--due-minutes", "5"],
+        2,
+        "needs --title",
+    );
+    assert_fails(
+        &w,
+        &["send", "a", "b", "hi", "--title", "t", "--due-minutes", "0"],
+        2,
+        "1 to 43200",
+    );
+    assert_fails(
+        &w,
+        &["send", "a", "b", "hi", "--title", "t", "--due-minutes", "x"],
+        2,
+        "invalid value",
+    );
+    assert_fails(&w, &["send", "a b", "b", "hi"], 2, "invalid agent id");
+    assert_fails(
+        &w,
+        &["agent", "add", "x", "--provider", "nope"],
+        2,
+        "unknown provider",
+    );
+    assert_fails(
+        &w,
+        &[
+            "agent",
+            "add",
+            "x",
+            "--provider",
+            "command",
+            "--set",
+            "command=[bad",
+        ],
+        2,
+        "command must be a JSON list",
+    );
+    assert_fails(
+        &w,
+        &[
+            "agent",
+            "add",
+            "x",
+            "--provider",
+            "command",
+            "--set",
+            "novalue",
+        ],
+        2,
+        "KEY=VALUE",
+    );
+    assert_fails(&w, &["config", "colour", "red"], 2, "unknown config key");
+    assert_fails(
+        &w,
+        &["config", "outageGuard", "{not json"],
+        2,
+        "outageGuard takes JSON",
+    );
+    assert_fails(&w, &["config", "enabled", "maybe"], 2, "true or false");
+    assert_fails(&w, &["run", "--interval", "0"], 2, "--interval");
+    assert_fails(&w, &["read", "abc", "--as", "b"], 2, "too short");
+    assert_fails(&w, &["read", "abcdef"], 2, "--as");
+    // An oversize message (too long for argv, so through stdin).
+    let mut child = w
+        .cmd()
+        .args(["send", "a", "b", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write as _;
+        let _ = child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all("x".repeat(200_001).as_bytes());
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr_line(&out).contains("the limit is 200000"));
+    assert_fails(
+        &w,
+        &["send", "a", "b", "hi", "--title", &"t".repeat(201)],
+        2,
+        "the limit is 200",
+    );
+    // Nothing was stored by any of them.
+    assert_eq!(
+        w.json(&["inbox", "b", "--all"]).as_array().unwrap().len(),
+        0
+    );
+    assert_eq!(w.json(&["agent", "list"]).as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn refusals_exit_1_with_one_line() {
+    let w = two_agents();
+    assert_fails(
+        &w,
+        &["send", "a", "ghost", "hi"],
+        1,
+        "unknown agent \"ghost\"",
+    );
+    assert_fails(&w, &["send", "a", "a", "hi"], 1, "never sends to itself");
+    w.ok(&["block", "a", "b"]);
+    assert_fails(&w, &["send", "a", "b", "hi"], 1, "not allowed");
+    w.ok(&["allow", "a", "b"]);
+    let sent = w.json(&["send", "a", "b", "do it", "--title", "Task"]);
+    let id = sent["message"]["id"].as_str().unwrap().to_owned();
+    assert_fails(
+        &w,
+        &["return", &id, "--as", "a", "--summary", "done"],
+        1,
+        "only b can return",
+    );
+    w.ok(&["return", &id, "--as", "b", "--summary", "done"]);
+    assert_fails(
+        &w,
+        &["return", &id, "--as", "b", "--summary", "again"],
+        1,
+        "already returned",
+    );
+    assert_fails(
+        &w,
+        &["close", &id, "--as", "b", "accepted"],
+        1,
+        "only the sender",
+    );
+    w.ok(&["close", &id, "--as", "a", "accepted"]);
+    assert_fails(
+        &w,
+        &["close", &id, "--as", "a", "accepted"],
+        1,
+        "already closed",
+    );
+    assert_fails(&w, &["release", "ffffffffffff"], 1, "no message");
+    assert_eq!(
+        w.json(&["inbox", "b", "--all"]).as_array().unwrap().len(),
+        1
+    );
+    assert_eq!(
+        w.json(&["inbox", "a", "--all"]).as_array().unwrap().len(),
+        1,
+        "one return"
+    );
+}
+
+#[test]
+fn a_missing_garbage_or_read_only_database_is_one_clear_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = env!("CARGO_BIN_EXE_handoffs");
+    let missing = dir.path().join("none.sqlite3");
+    let out = Command::new(bin)
+        .arg("--db")
+        .arg(&missing)
+        .args(["agent", "list"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr_line(&out).contains("handoffs init"));
+    assert!(!missing.exists(), "only init creates a database");
+
+    let garbage = dir.path().join("garbage.sqlite3");
+    std::fs::write(&garbage, vec![0x42u8; 8192]).unwrap();
+    let out = Command::new(bin)
+        .arg("--db")
+        .arg(&garbage)
+        .args(["agent", "list"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr_line(&out);
+    assert!(
+        err.contains("corrupt") || err.contains("not a handoffs database"),
+        "{err}"
+    );
+    assert_eq!(err.trim_end().lines().count(), 1);
+
+    let foreign = dir.path().join("foreign.sqlite3");
+    let conn = foreign_sqlite(&foreign);
+    assert!(conn, "made a foreign sqlite file");
+    let out = Command::new(bin)
+        .arg("--db")
+        .arg(&foreign)
+        .args(["agent", "list"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr_line(&out).contains("not a handoffs database"));
+}
+
+/// Makes an SQLite database that is not ours (one foreign table).
+fn foreign_sqlite(path: &std::path::Path) -> bool {
+    rusqlite::Connection::open(path)
+        .and_then(|c| c.execute_batch("CREATE TABLE t (x)"))
+        .is_ok()
+}
+
+#[test]
+fn init_is_idempotent_and_private() {
+    let w = World::new();
+    let again = w.ok(&["init"]);
+    assert!(again.contains("is ready"));
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&w.db), 0o600);
+        assert_eq!(mode(w.db.parent().unwrap()), 0o700);
+        let token = handoffs::store::token_path(&w.db);
+        assert_eq!(mode(&token), 0o600);
+        assert_eq!(std::fs::read_to_string(&token).unwrap().len(), 64);
+    }
+}
+
+#[test]
+fn ids_resolve_by_a_unique_prefix_of_six() {
+    let w = two_agents();
+    let sent = w.json(&["send", "a", "b", "hello there"]);
+    let id = sent["message"]["id"].as_str().unwrap().to_owned();
+    let m = w.json(&["read", &id[..6], "--as", "b"]);
+    assert_eq!(m["id"], id.as_str());
+    assert!(m["read_at"].is_i64(), "read by its recipient");
+    assert_eq!(w.json(&["inbox", "b"]).as_array().unwrap().len(), 0);
+    let d = w.json(&["status", &id[..8]]);
+    assert_eq!(d["state"], "WAITING");
+}
+
+#[test]
+fn a_message_can_come_from_stdin_and_help_works_everywhere() {
+    use std::io::Write as _;
+    let w = two_agents();
+    let mut child = w
+        .cmd()
+        .args(["--json", "send", "a", "b", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"from stdin\nline two")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["message"]["body"], "from stdin\nline two");
+    for cmd in [
+        "init", "agent", "allow", "block", "config", "send", "inbox", "read", "accept", "return",
+        "close", "status", "tick", "run", "serve", "release", "mcp", "demo", "sim",
+    ] {
+        let out = w.run(&[cmd, "--help"]);
+        assert!(out.status.success(), "{cmd} --help");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("Usage"),
+            "{cmd} --help"
+        );
+    }
+    assert!(w.ok(&["--version"]).starts_with("handoffs "));
+}

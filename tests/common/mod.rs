@@ -1,0 +1,230 @@
+//! Helpers for the real-process tests: a private database folder, the built binary, a
+//! recipient script that logs every run, and readers for what it logged.
+#![allow(dead_code)]
+
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct World {
+    pub dir: tempfile::TempDir,
+    pub db: PathBuf,
+    pub log: PathBuf,
+}
+
+/// Short bounds so crash recovery takes seconds, not minutes.
+pub const FAST_POLICY: &str =
+    r#"{"sending_timeout_ms": 1500, "unobserved_limit_ms": 5000, "interrupt_resend_wait_ms": 500}"#;
+
+impl World {
+    pub fn new() -> World {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let db = dir.path().join("state").join("h.sqlite3");
+        let log = dir.path().join("runs.log");
+        let w = World { dir, db, log };
+        w.ok(&["init"]);
+        w
+    }
+
+    pub fn cmd(&self) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_handoffs"));
+        c.env("HANDOFFS_DB", &self.db)
+            .env_remove("HANDOFFS_AGENT")
+            .env(
+                "HANDOFFS_POLICY",
+                std::env::var("HANDOFFS_TEST_POLICY").unwrap_or_else(|_| FAST_POLICY.to_owned()),
+            )
+            .stdin(Stdio::null());
+        c
+    }
+
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.cmd().args(args).output().expect("run handoffs")
+    }
+
+    /// Runs and asserts success; returns stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "handoffs {args:?} failed ({:?}): {}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn json(&self, args: &[&str]) -> Value {
+        let mut all = vec!["--json"];
+        all.extend_from_slice(args);
+        serde_json::from_str(&self.ok(&all)).expect("JSON output")
+    }
+
+    /// A recipient script: logs `start <request> <ns>` and `end <request> <ns>`, sleeps
+    /// `sleep_ms`, and exits with `code`.
+    pub fn script(&self, name: &str, sleep_ms: u64, code: i32) -> PathBuf {
+        let path = self.dir.path().join(name);
+        let log = self.log.display();
+        let sleep = if sleep_ms > 0 {
+            format!("sleep {}.{:03}", sleep_ms / 1000, sleep_ms % 1000)
+        } else {
+            String::new()
+        };
+        std::fs::write(
+            &path,
+            format!(
+                "#!/bin/sh\necho \"start $HANDOFFS_REQUEST_ID $(date +%s%N) $HANDOFFS_AGENT\" >> {log}\n\
+                 test -f \"$HANDOFFS_TEXT_FILE\" || echo \"missing-text $HANDOFFS_REQUEST_ID\" >> {log}\n\
+                 {sleep}\necho \"end $HANDOFFS_REQUEST_ID $(date +%s%N) $HANDOFFS_AGENT\" >> {log}\nexit {code}\n"
+            ),
+        )
+        .expect("write script");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        path
+    }
+
+    pub fn add_command_agent(&self, id: &str, script: &Path) {
+        let command = format!("command=[\"{}\",\"{{request_id}}\"]", script.display());
+        self.ok(&[
+            "agent",
+            "add",
+            id,
+            "--provider",
+            "command",
+            "--set",
+            &command,
+        ]);
+    }
+
+    pub fn spawn_engine(&self) -> Child {
+        self.cmd()
+            .args(["run", "--interval", "0.2"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn engine")
+    }
+
+    /// Deliveries by id → state.
+    pub fn states(&self) -> BTreeMap<String, String> {
+        let o = self.json(&["status"]);
+        let mut out = BTreeMap::new();
+        for section in ["in_flight", "needs_attention", "recent"] {
+            for d in o[section].as_array().into_iter().flatten() {
+                out.insert(
+                    d["id"].as_str().unwrap().to_owned(),
+                    d["state"].as_str().unwrap().to_owned(),
+                );
+            }
+        }
+        out
+    }
+
+    pub fn counts(&self) -> BTreeMap<String, i64> {
+        let o = self.json(&["status"]);
+        o["counts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|p| (p[0].as_str().unwrap().to_owned(), p[1].as_i64().unwrap()))
+            .collect()
+    }
+
+    /// Waits until `done(counts)` holds; panics after `limit`.
+    pub fn wait_for(&self, limit: Duration, mut done: impl FnMut(&BTreeMap<String, i64>) -> bool) {
+        let start = Instant::now();
+        loop {
+            let counts = self.counts();
+            if done(&counts) {
+                return;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "not settled after {limit:?}: {counts:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The runs the recipient script logged: request id → (start ns, end ns).
+    pub fn runs(&self) -> Vec<Run> {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let mut runs: Vec<Run> = Vec::new();
+        for line in text.lines() {
+            let parts: Vec<&str> = line.split_whitespace().collect();
+            match parts.as_slice() {
+                ["start", req, ns, agent] => runs.push(Run {
+                    request_id: (*req).to_owned(),
+                    agent: (*agent).to_owned(),
+                    start: ns.parse().unwrap(),
+                    end: None,
+                }),
+                ["end", req, ns, _] => {
+                    if let Some(r) = runs
+                        .iter_mut()
+                        .rev()
+                        .find(|r| r.request_id == *req && r.end.is_none())
+                    {
+                        r.end = Some(ns.parse().unwrap());
+                    }
+                }
+                ["missing-text", req] => panic!("run {req} had no text file"),
+                _ => panic!("unexpected log line {line:?}"),
+            }
+        }
+        runs
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Run {
+    pub request_id: String,
+    pub agent: String,
+    pub start: u128,
+    pub end: Option<u128>,
+}
+
+/// G2: at most one run per request id.
+pub fn assert_one_run_per_request(runs: &[Run]) {
+    let mut seen = std::collections::BTreeSet::new();
+    for r in runs {
+        assert!(
+            seen.insert(&r.request_id),
+            "request {} ran twice",
+            r.request_id
+        );
+    }
+}
+
+/// G3: runs to one recipient never overlap.
+pub fn assert_no_overlap(runs: &[Run]) {
+    let mut by_agent: BTreeMap<&str, Vec<&Run>> = BTreeMap::new();
+    for r in runs {
+        by_agent.entry(&r.agent).or_default().push(r);
+    }
+    for (agent, mut rs) in by_agent {
+        rs.sort_by_key(|r| r.start);
+        for pair in rs.windows(2) {
+            let end = pair[0].end.unwrap_or(u128::MAX);
+            assert!(
+                end <= pair[1].start,
+                "runs to {agent} overlap: {} ended at {end}, {} started at {}",
+                pair[0].request_id,
+                pair[1].request_id,
+                pair[1].start
+            );
+        }
+    }
+}
+
+pub fn kill9(child: &mut Child) {
+    // SIGKILL: std's kill() sends SIGKILL on Unix.
+    let _ = child.kill();
+    let _ = child.wait();
+}

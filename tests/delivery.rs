@@ -1,0 +1,166 @@
+//! Real processes: the built binary delivers through a recipient script that logs every run.
+//! G2 (one run per request id), G3 (runs to one recipient never overlap), G4 (bounded resend
+//! with fresh ids) and G8 (SIGKILL at many moments loses and doubles nothing).
+
+mod common;
+
+use common::{World, assert_no_overlap, assert_one_run_per_request, kill9};
+use std::time::Duration;
+
+fn settled(c: &std::collections::BTreeMap<String, i64>, total: i64, done: &[&str]) -> bool {
+    done.iter()
+        .map(|s| c.get(*s).copied().unwrap_or(0))
+        .sum::<i64>()
+        == total
+}
+
+#[test]
+fn every_handoff_runs_once_and_runs_to_one_recipient_never_overlap() {
+    let w = World::new();
+    w.ok(&["agent", "add", "planner", "--provider", "demo"]);
+    let script = w.script("rcpt.sh", 20, 0);
+    w.add_command_agent("eng", &script);
+    w.add_command_agent("rev", &script);
+    for i in 0..15 {
+        w.ok(&["send", "planner", "eng", &format!("task {i}")]);
+        w.ok(&["send", "planner", "rev", &format!("review {i}")]);
+    }
+    let mut engine = w.spawn_engine();
+    w.wait_for(Duration::from_secs(60), |c| settled(c, 30, &["RETURNED"]));
+    kill9(&mut engine);
+    let runs = w.runs();
+    assert_eq!(runs.len(), 30, "one run per handoff");
+    assert_one_run_per_request(&runs);
+    assert_no_overlap(&runs);
+}
+
+#[test]
+fn an_errored_turn_is_resent_twice_with_fresh_request_ids_then_fails() {
+    let w = World::new();
+    w.ok(&["agent", "add", "planner", "--provider", "demo"]);
+    let script = w.script("fails.sh", 0, 3);
+    w.add_command_agent("eng", &script);
+    let sent = w.json(&["send", "planner", "eng", "do it", "--title", "Task"]);
+    let id = sent["message"]["id"].as_str().unwrap().to_owned();
+    let mut engine = w.spawn_engine();
+    w.wait_for(Duration::from_secs(60), |c| c.get("FAILED") == Some(&1));
+    std::thread::sleep(Duration::from_millis(500));
+    kill9(&mut engine);
+    let runs = w.runs();
+    assert_eq!(runs.len(), 3, "the first run and two resends: {runs:?}");
+    assert_one_run_per_request(&runs);
+    let detail = w.json(&["status", &id]);
+    assert_eq!(detail["state"], "FAILED");
+    assert_eq!(detail["earlier_request_ids"].as_array().unwrap().len(), 2);
+    assert!(
+        detail["detail"]
+            .as_str()
+            .unwrap()
+            .contains("resend limit reached")
+    );
+}
+
+#[test]
+fn sigkill_at_many_moments_loses_nothing_and_doubles_nothing() {
+    let w = World::new();
+    w.ok(&["agent", "add", "planner", "--provider", "demo"]);
+    let script = w.script("rcpt.sh", 5, 0);
+    w.add_command_agent("eng", &script);
+    w.add_command_agent("rev", &script);
+    let kills: u64 = std::env::var("HANDOFFS_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60);
+    let mut sent = 0;
+    for k in 0..kills {
+        // A send or two, then let the engine run for a few milliseconds and kill it at
+        // whatever it was doing: reserving, writing, waiting for the run, recording it.
+        for to in ["eng", "rev"].iter().take(1 + (k % 2) as usize) {
+            w.ok(&["send", "planner", to, &format!("kill round {k} to {to}")]);
+            sent += 1;
+        }
+        let mut engine = w.spawn_engine();
+        std::thread::sleep(Duration::from_millis(5 + (k * 7919) % 60));
+        kill9(&mut engine);
+    }
+    let mut engine = w.spawn_engine();
+    w.wait_for(Duration::from_secs(120), |c| {
+        settled(c, sent, &["RETURNED", "CANCELLED", "FAILED"])
+            || (c.values().sum::<i64>() == sent
+                && !c.contains_key("WAITING")
+                && !c.contains_key("SENDING")
+                && !c.contains_key("BUSY")
+                && !c.contains_key("ACCEPTED")
+                && !c.contains_key("RUNNING")
+                && c.get("UNCERTAIN").copied().unwrap_or(0) == 0)
+    });
+    kill9(&mut engine);
+    let counts = w.counts();
+    assert_eq!(
+        counts.values().sum::<i64>(),
+        sent,
+        "no delivery lost: {counts:?}"
+    );
+    let runs = w.runs();
+    assert_one_run_per_request(&runs);
+    assert_no_overlap(&runs);
+    // Every delivered handoff ran; none ran without its delivery knowing the request id.
+    let returned = counts.get("RETURNED").copied().unwrap_or(0);
+    assert!(usize::try_from(returned).unwrap() <= runs.len());
+    assert_eq!(
+        returned, sent,
+        "every handoff delivered once after {kills} kills: {counts:?}"
+    );
+    eprintln!("{kills} SIGKILLs, {sent} handoffs, {} runs", runs.len());
+}
+
+#[test]
+fn eight_processes_sending_at_once_each_get_one_delivery() {
+    let w = World::new();
+    for a in 0..8 {
+        w.ok(&["agent", "add", &format!("s{a}"), "--provider", "demo"]);
+    }
+    let script = w.script("rcpt.sh", 0, 0);
+    w.add_command_agent("eng", &script);
+    let mut engine = w.spawn_engine();
+    std::thread::scope(|scope| {
+        for a in 0..8 {
+            let w = &w;
+            scope.spawn(move || {
+                for i in 0..10 {
+                    w.ok(&["send", &format!("s{a}"), "eng", &format!("from s{a} #{i}")]);
+                }
+            });
+        }
+    });
+    w.wait_for(Duration::from_secs(90), |c| settled(c, 80, &["RETURNED"]));
+    kill9(&mut engine);
+    let runs = w.runs();
+    assert_eq!(runs.len(), 80);
+    assert_one_run_per_request(&runs);
+    assert_no_overlap(&runs);
+}
+
+#[test]
+fn a_second_engine_skips_its_pass_and_says_so() {
+    let w = World::new();
+    let mut engine = w.spawn_engine();
+    std::thread::sleep(Duration::from_millis(300));
+    let out = w.ok(&["tick"]);
+    kill9(&mut engine);
+    assert!(out.contains("another engine is delivering"), "{out}");
+}
+
+#[test]
+fn idempotency_keys_return_the_first_message() {
+    let w = World::new();
+    w.ok(&["agent", "add", "a", "--provider", "demo"]);
+    w.ok(&["agent", "add", "b", "--provider", "demo"]);
+    let first = w.json(&["send", "a", "b", "hello", "--key", "k1"]);
+    let again = w.json(&["send", "a", "b", "hello", "--key", "k1"]);
+    assert_eq!(first["message"]["id"], again["message"]["id"]);
+    assert_eq!(again["created"], false);
+    let other = w.run(&["send", "a", "b", "different", "--key", "k1"]);
+    assert_eq!(other.status.code(), Some(1));
+    assert_eq!(w.json(&["inbox", "b"]).as_array().unwrap().len(), 1);
+}

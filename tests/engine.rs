@@ -1,0 +1,117 @@
+//! The engine in-process, with an injected clock: due reminders (G7) and the backlog pace.
+
+use handoffs::engine::Engine;
+use handoffs::service::Service;
+use handoffs::store::Store;
+use model::Millis;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+fn service_at(dir: &tempfile::TempDir, clock: Arc<AtomicU64>) -> Service {
+    let db = dir.path().join("h.sqlite3");
+    let (store, _) = Store::init(&db).unwrap();
+    Service::with_clock(
+        store,
+        Arc::new(move || Millis(clock.load(Ordering::SeqCst))),
+    )
+}
+
+#[tokio::test]
+async fn overdue_work_reminds_its_sender_exactly_once_without_waking_anyone() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(AtomicU64::new(1_800_000_000_000));
+    let mut s = service_at(&dir, clock.clone());
+    s.add_agent("lead", "demo", None, None, None, &[]).unwrap();
+    s.add_agent(
+        "dev",
+        "demo",
+        None,
+        None,
+        None,
+        &[("turn_seconds".into(), serde_json::json!(80_000))],
+    )
+    .unwrap();
+    let sent = s
+        .send("lead", "dev", "ship it", Some("Ship"), Some(5), None)
+        .unwrap();
+    let mut engine = Engine::new(s, false).unwrap();
+    engine.pass().await;
+    clock.fetch_add(4 * 60_000, Ordering::SeqCst);
+    assert_eq!(engine.pass().await.reminders, 0, "not due yet");
+    clock.fetch_add(2 * 60_000, Ordering::SeqCst);
+    assert_eq!(engine.pass().await.reminders, 1);
+    clock.fetch_add(60 * 60_000, Ordering::SeqCst);
+    assert_eq!(engine.pass().await.reminders, 0, "exactly once");
+    let inbox = engine.service.inbox("lead", true, 10).unwrap();
+    assert_eq!(inbox.len(), 1);
+    assert_eq!(
+        inbox[0].intent, "notification",
+        "a reminder never starts a turn"
+    );
+    assert_eq!(inbox[0].work_id.as_deref(), Some(sent.message.id.as_str()));
+    let overview = engine.service.overview(10).unwrap();
+    let lead_deliveries = overview
+        .in_flight
+        .iter()
+        .chain(&overview.needs_attention)
+        .chain(&overview.recent)
+        .filter(|d| d.to == "lead")
+        .count();
+    assert_eq!(lead_deliveries, 0, "no delivery for a notification");
+}
+
+#[tokio::test]
+async fn a_recipient_with_a_long_queue_drains_at_the_pace_of_its_turns() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(AtomicU64::new(1_800_000_000_000));
+    let mut s = service_at(&dir, clock.clone());
+    s.add_agent("lead", "demo", None, None, None, &[]).unwrap();
+    s.add_agent(
+        "dev",
+        "demo",
+        None,
+        None,
+        None,
+        &[("turn_seconds".into(), serde_json::json!(1))],
+    )
+    .unwrap();
+    for i in 0..200 {
+        s.send("lead", "dev", &format!("item {i}"), None, None, None)
+            .unwrap();
+    }
+    let mut engine = Engine::new(s, false).unwrap();
+    let mut passes = 0;
+    let mut events_before = 0;
+    loop {
+        let r = engine.pass().await;
+        passes += 1;
+        let counts = engine.service.overview(1).unwrap().counts;
+        let returned = counts
+            .iter()
+            .find(|(s, _)| s == "RETURNED")
+            .map_or(0, |c| c.1);
+        if returned == 200 {
+            break;
+        }
+        assert!(
+            passes < 2_000,
+            "stuck after {passes} passes: {counts:?} {r:?}"
+        );
+        // One simulated second per pass: each turn takes one second.
+        clock.fetch_add(1_000, Ordering::SeqCst);
+        if passes == 50 {
+            events_before = engine.service.events_after(0, 1_000_000).unwrap().len();
+        }
+    }
+    // Two passes per turn at most (write, then observe); a queued row gains no event per pass.
+    assert!(
+        passes <= 2 * 200 + 5,
+        "{passes} passes for 200 one-second turns"
+    );
+    let events = engine.service.events_after(0, 1_000_000).unwrap().len();
+    assert!(
+        events < 200 * 8,
+        "{events} events for 200 deliveries (linear, not quadratic)"
+    );
+    assert!(events_before > 0);
+}
