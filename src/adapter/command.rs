@@ -345,7 +345,16 @@ pub async fn observe(
             Ok(Some(run)) => {
                 let alive = run.outcome.is_none() && supervisor_alive(&db, request_id);
                 if run.outcome.is_none() && !alive {
+                    // The supervisor may have recorded its outcome and let go of the lock
+                    // since we read the row: read it again before calling it interrupted.
                     mark_interrupted(&mut service.store, &run, now);
+                    return match service.store.read(|tx| tx.run(request_id)) {
+                        Ok(Some(fresh)) => observed_of(&fresh, false),
+                        Ok(None) => Observed::NotFound,
+                        Err(e) => Observed::Unreachable {
+                            detail: e.to_string(),
+                        },
+                    };
                 }
                 observed_of(&run, alive)
             }
@@ -412,6 +421,15 @@ pub async fn scan(
             Ok(Some(run)) if run.outcome.as_deref() != Some("refused") => {
                 let db = service.store.path().to_owned();
                 let alive = run.outcome.is_none() && supervisor_alive(&db, request_id);
+                let run = if alive {
+                    run
+                } else {
+                    // Read again: the outcome may have been recorded since.
+                    match service.store.read(|tx| tx.run(request_id)) {
+                        Ok(Some(fresh)) => fresh,
+                        _ => return ScanResult::NothingFound { complete: false },
+                    }
+                };
                 ScanResult::Found {
                     observed: observed_of(&run, alive),
                 }

@@ -23,6 +23,8 @@ use std::time::{Duration, Instant};
 const PASS_DELIVERIES_MAX: i64 = 2_000;
 /// Of the deliveries queued for one recipient, how many a pass looks at.
 const QUEUED_PER_RECIPIENT: i64 = 2;
+/// How often enrolment of stragglers, reminders and the health report run at most.
+const HOUSEKEEPING_INTERVAL_MS: u64 = 1_000;
 /// How often a running engine checks the database for new work.
 const WATCH_INTERVAL: Duration = Duration::from_millis(5);
 
@@ -49,6 +51,9 @@ pub struct Engine {
     policy: Policy,
     one_shot: bool,
     guard: outage::OutageGuard,
+    /// When enrolment and reminders last ran, and when a report was last saved.
+    last_housekeeping: Option<Millis>,
+    last_report: Option<Millis>,
     _lock: Option<File>,
 }
 
@@ -95,6 +100,8 @@ impl Engine {
             policy: Policy::default(),
             one_shot,
             guard: outage::OutageGuard::default(),
+            last_housekeeping: None,
+            last_report: None,
             _lock: Some(file),
         })
     }
@@ -118,12 +125,21 @@ impl Engine {
             pid: std::process::id(),
             ..PassReport::default()
         };
-        match self.housekeeping() {
-            Ok((enrolled, reminders)) => {
-                report.enrolled = enrolled;
-                report.reminders = reminders;
+        // Enrolling stragglers and reminders scan tables: at most once a second (sends enrol
+        // their own deliveries at once).
+        let started_at = self.now();
+        if self
+            .last_housekeeping
+            .is_none_or(|t| started_at.since(t) >= HOUSEKEEPING_INTERVAL_MS)
+        {
+            self.last_housekeeping = Some(started_at);
+            match self.housekeeping() {
+                Ok((enrolled, reminders)) => {
+                    report.enrolled = enrolled;
+                    report.reminders = reminders;
+                }
+                Err(e) => report.errors.push(e.to_string()),
             }
-            Err(e) => report.errors.push(e.to_string()),
         }
         let now = millis(self.now());
         let due = self
@@ -133,8 +149,20 @@ impl Engine {
         match due {
             Ok(ids) => {
                 report.looked_at = ids.len();
+                let outage = if ids.is_empty() {
+                    None
+                } else {
+                    let config = self
+                        .service
+                        .store
+                        .read(|tx| tx.config("outageGuard"))
+                        .ok()
+                        .flatten()
+                        .unwrap_or(Value::Null);
+                    self.guard.check(&self.adapters.http, &config).await
+                };
                 for id in ids {
-                    if let Err(e) = self.deliver(&id, &mut report).await {
+                    if let Err(e) = self.deliver(&id, outage.clone(), &mut report).await {
                         report.errors.push(format!("{id}: {e}"));
                     }
                 }
@@ -142,10 +170,18 @@ impl Engine {
             Err(e) => report.errors.push(e.to_string()),
         }
         report.took_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let value = serde_json::to_value(&report).unwrap_or(Value::Null);
-        let at = report.at;
-        if let Err(e) = self.service.store.write(|tx| tx.save_report(at, &value)) {
-            report.errors.push(e.to_string());
+        let worth_saving = report.moved > 0
+            || !report.errors.is_empty()
+            || self
+                .last_report
+                .is_none_or(|t| started_at.since(t) >= HOUSEKEEPING_INTERVAL_MS);
+        if worth_saving {
+            self.last_report = Some(started_at);
+            let value = serde_json::to_value(&report).unwrap_or(Value::Null);
+            let at = report.at;
+            if let Err(e) = self.service.store.write(|tx| tx.save_report(at, &value)) {
+                report.errors.push(e.to_string());
+            }
         }
         report
     }
@@ -233,6 +269,8 @@ fn due_after(
         Delivery::Held(_) | Delivery::Unavailable(_) => soon(5_000),
         Delivery::OwnerRejected(_) => soon(0),
         Delivery::Sending(_) | Delivery::Failed(_) => deadline,
+        // Just accepted: observe at once (a short turn may already be over).
+        Delivery::Accepted(a) if a.core().since() == now => soon(0),
         Delivery::Accepted(_) | Delivery::Running(_) => {
             [deadline, soon(observe)].into_iter().flatten().min()
         }
@@ -291,15 +329,14 @@ impl Engine {
     }
 
     /// Takes one delivery through as much of SPEC §2.2–2.4 as it can now.
-    async fn deliver(&mut self, id: &str, report: &mut PassReport) -> Result<(), ServiceError> {
+    async fn deliver(
+        &mut self,
+        id: &str,
+        outage: Option<String>,
+        report: &mut PassReport,
+    ) -> Result<(), ServiceError> {
         let (_, effects) = self.apply(id, report, |_| Ok(EventKind::TimePassed))?;
         let mut queue: VecDeque<Effect> = effects.into();
-        let guard_config = self
-            .service
-            .store
-            .read(|tx| tx.config("outageGuard"))?
-            .unwrap_or(Value::Null);
-        let outage = self.guard.check(&self.adapters.http, &guard_config).await;
         let one_shot = self.one_shot;
         let (record, effects) = self.apply(id, report, |tx| {
             let mut facts = facts(tx, id, one_shot)?;
@@ -437,6 +474,8 @@ impl Engine {
     ) {
         tokio::pin!(shutdown);
         loop {
+            // Read before the pass: a commit by another process during the pass is noticed.
+            let seen = self.service.store.data_version().unwrap_or(0);
             let report = self.pass().await;
             for e in &report.errors {
                 tracing::warn!(error = %e, "engine pass");
@@ -448,18 +487,25 @@ impl Engine {
                 Some(d) => Duration::from_millis(u64::try_from(d - now).unwrap_or(0)).min(interval),
                 None => interval,
             };
+            if wait.is_zero() {
+                // More is due now: only look whether we were asked to stop.
+                tokio::select! {
+                    biased;
+                    () = &mut shutdown => return,
+                    () = std::future::ready(()) => continue,
+                }
+            }
             let deadline = tokio::time::Instant::now() + wait;
-            let seen = self.service.store.data_version().unwrap_or(0);
             loop {
+                if self.service.store.data_version().unwrap_or(seen) != seen {
+                    break;
+                }
                 tokio::select! {
                     biased;
                     () = &mut shutdown => return,
                     () = tokio::time::sleep(WATCH_INTERVAL) => {}
                 }
                 if tokio::time::Instant::now() >= deadline {
-                    break;
-                }
-                if self.service.store.data_version().unwrap_or(seen) != seen {
                     break;
                 }
             }

@@ -44,6 +44,7 @@ CREATE TABLE messages (
     UNIQUE (sender, idem_key)
 );
 CREATE INDEX messages_inbox ON messages (recipient, read_at, seq);
+CREATE INDEX messages_identical ON messages (sender, recipient, body_hash);
 CREATE TABLE work (
     id TEXT PRIMARY KEY,
     sender TEXT NOT NULL,
@@ -70,7 +71,7 @@ CREATE TABLE deliveries (
     updated_at INTEGER NOT NULL
 );
 CREATE INDEX deliveries_due ON deliveries (due_at) WHERE due_at IS NOT NULL;
-CREATE INDEX deliveries_recipient ON deliveries (recipient, class, seq);
+CREATE INDEX deliveries_pending ON deliveries (class, recipient, seq);
 CREATE INDEX deliveries_state ON deliveries (state, updated_at);
 CREATE TABLE events (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,

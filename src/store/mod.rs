@@ -806,21 +806,46 @@ impl Tx<'_> {
     /// queued to take a turn (WAITING, BUSY, OWNER_REJECTED) only the oldest few per
     /// recipient are looked at, so a long queue is not re-examined row by row.
     pub fn due(&self, now: i64, per_recipient: i64, limit: i64) -> Result<Vec<String>> {
-        let mut st = self.tx.prepare_cached(
-            "SELECT message_id FROM (
-               SELECT message_id, 1 AS rank, seq FROM (
-                 SELECT message_id, seq, due_at,
-                        ROW_NUMBER() OVER (PARTITION BY recipient ORDER BY seq) AS rn
-                 FROM deliveries WHERE state IN ('WAITING', 'BUSY', 'OWNER_REJECTED')
-               ) WHERE due_at <= ?1 AND rn <= ?2
-               UNION ALL
-               SELECT message_id, CASE class WHEN 'active' THEN 0 ELSE 1 END AS rank, seq
-               FROM deliveries
-               WHERE state NOT IN ('WAITING', 'BUSY', 'OWNER_REJECTED') AND due_at <= ?1
-             ) ORDER BY rank, seq LIMIT ?3",
+        let mut out: Vec<(i64, i64, String)> = Vec::new();
+        let mut others = self.tx.prepare_cached(
+            "SELECT message_id, CASE class WHEN 'active' THEN 0 ELSE 1 END, seq FROM deliveries
+             WHERE due_at <= ?1 AND state NOT IN ('WAITING', 'BUSY', 'OWNER_REJECTED')
+             ORDER BY due_at LIMIT ?2",
         )?;
-        let rows = st.query_map(params![now, per_recipient, limit], |r| r.get(0))?;
-        Ok(rows.collect::<rusqlite::Result<_>>()?)
+        for row in others.query_map(params![now, limit], |r| {
+            Ok((r.get(1)?, r.get(2)?, r.get(0)?))
+        })? {
+            out.push(row?);
+        }
+        let mut recipients = self
+            .tx
+            .prepare_cached("SELECT DISTINCT recipient FROM deliveries WHERE class = 'pending'")?;
+        let recipients: Vec<String> = recipients
+            .query_map([], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?;
+        let mut heads = self.tx.prepare_cached(
+            "SELECT message_id, seq, due_at FROM deliveries
+             WHERE class = 'pending' AND recipient = ?1
+               AND state IN ('WAITING', 'BUSY', 'OWNER_REJECTED')
+             ORDER BY seq LIMIT ?2",
+        )?;
+        for r in recipients {
+            for row in heads.query_map(params![r, per_recipient], |row| {
+                Ok((
+                    row.get::<_, String>(0)?,
+                    row.get::<_, i64>(1)?,
+                    row.get::<_, Option<i64>>(2)?,
+                ))
+            })? {
+                let (id, seq, due) = row?;
+                if due.is_some_and(|d| d <= now) {
+                    out.push((1, seq, id));
+                }
+            }
+        }
+        out.sort();
+        out.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+        Ok(out.into_iter().map(|(_, _, id)| id).collect())
     }
 
     /// The earliest due time among deliveries (for the engine's sleep).

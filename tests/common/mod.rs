@@ -103,10 +103,16 @@ impl World {
     }
 
     pub fn spawn_engine(&self) -> Child {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("engine.log"))
+            .expect("engine log");
         self.cmd()
             .args(["run", "--interval", "0.2"])
+            .env("HANDOFFS_LOG", "info")
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .expect("spawn engine")
     }
@@ -144,10 +150,29 @@ impl World {
             if done(&counts) {
                 return;
             }
-            assert!(
-                start.elapsed() < limit,
-                "not settled after {limit:?}: {counts:?}"
-            );
+            if start.elapsed() >= limit {
+                let attention = self.json(&["status"])["needs_attention"].clone();
+                let detail = attention
+                    .as_array()
+                    .and_then(|a| a.first())
+                    .and_then(|d| d["id"].as_str())
+                    .map(|id| self.ok(&["status", id]))
+                    .unwrap_or_default();
+                let engine_log =
+                    std::fs::read_to_string(self.dir.path().join("engine.log")).unwrap_or_default();
+                let engine_tail: Vec<&str> = engine_log.lines().rev().take(8).collect();
+                eprintln!("engine log tail: {engine_tail:#?}");
+                let runs = std::fs::read_to_string(&self.log).unwrap_or_default();
+                let tail: Vec<&str> = runs.lines().rev().take(6).collect();
+                if let Ok(keep) = std::env::var("HANDOFFS_KEEP_FAILED") {
+                    let _ = std::process::Command::new("cp")
+                        .arg("-r")
+                        .arg(self.dir.path())
+                        .arg(&keep)
+                        .status();
+                }
+                panic!("not settled after {limit:?}: {counts:?}\n{detail}\nlast runs: {tail:?}");
+            }
             std::thread::sleep(Duration::from_millis(100));
         }
     }

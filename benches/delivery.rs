@@ -1,0 +1,332 @@
+//! Throughput and latency of handoffs on this machine (docs/PERFORMANCE.md).
+//! Run: `cargo bench --bench delivery` (builds the release binary first).
+//!
+//! A bench binary rather than criterion: most figures are end to end across processes
+//! (a `handoffs run` engine, `handoffs send` processes, recipient programs), measured once
+//! per run with medians and percentiles computed here.
+
+// Figures are small counts and milliseconds: the float casts cannot lose anything here.
+#![allow(
+    clippy::cast_precision_loss,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap,
+    clippy::many_single_char_names
+)]
+
+use handoffs::service::Service;
+use handoffs::store::Store;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+fn bin() -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/release/handoffs");
+    assert!(p.exists(), "build it first: cargo build --release");
+    p
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+fn fresh(dir: &Path, name: &str) -> (PathBuf, Service) {
+    let db = dir.join(name).join("h.sqlite3");
+    let (store, _) = Store::init(&db).unwrap();
+    (db, Service::new(store))
+}
+
+fn engine(db: &Path) -> Child {
+    Command::new(bin())
+        .args(["--db"])
+        .arg(db)
+        .args(["run", "--interval", "1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+fn stop(mut c: Child) {
+    let _ = c.kill();
+    let _ = c.wait();
+}
+
+fn returned(s: &mut Service) -> i64 {
+    s.overview(1)
+        .unwrap()
+        .counts
+        .iter()
+        .filter(|(k, _)| k == "RETURNED")
+        .map(|c| c.1)
+        .sum()
+}
+
+fn wait_returned(s: &mut Service, n: i64, limit: Duration) -> Duration {
+    let t = Instant::now();
+    while returned(s) < n {
+        assert!(
+            t.elapsed() < limit,
+            "only {} of {n} returned after {limit:?}",
+            returned(s)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    t.elapsed()
+}
+
+/// A no-op HTTP recipient: 200 for every POST, recording arrival times by request id.
+fn noop_server() -> (String, Arc<Mutex<HashMap<String, Instant>>>) {
+    let seen: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let seen2 = seen.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let app = axum::Router::new().route(
+                "/",
+                axum::routing::post(move |body: axum::Json<serde_json::Value>| {
+                    let seen = seen2.clone();
+                    async move {
+                        if let Some(r) = body.get("request_id").and_then(|v| v.as_str()) {
+                            seen.lock().unwrap().insert(r.to_owned(), Instant::now());
+                        }
+                        "{}"
+                    }
+                }),
+            );
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            axum::serve(listener, app).await.unwrap();
+        });
+    });
+    let addr = rx.recv().unwrap();
+    (format!("http://{addr}/"), seen)
+}
+
+fn rss_kb(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn main() {
+    // `cargo bench` passes --bench; nothing to parse.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    println!("| figure | value |\n|---|---|");
+
+    // 1. Raw SQLite commit rate on this disk (the physical floor of a durable step).
+    for sync in ["NORMAL", "FULL"] {
+        let c = rusqlite::Connection::open(d.join(format!("raw-{sync}.db"))).unwrap();
+        c.execute_batch(&format!(
+            "PRAGMA journal_mode=WAL; PRAGMA synchronous={sync}; CREATE TABLE t (x)"
+        ))
+        .unwrap();
+        let n = 3_000;
+        let t = Instant::now();
+        for i in 0..n {
+            c.execute("INSERT INTO t VALUES (?1)", [i]).unwrap();
+        }
+        let rate = f64::from(n) / t.elapsed().as_secs_f64();
+        println!("| raw SQLite single-row commits/s, WAL + synchronous={sync} | {rate:.0} |");
+    }
+
+    // 2. Sends through the library.
+    let (_, mut s) = fresh(d, "lib");
+    s.add_agent("a", "demo", None, None, None, &[]).unwrap();
+    s.add_agent("b", "demo", None, None, None, &[]).unwrap();
+    let n = 5_000;
+    let t = Instant::now();
+    for i in 0..n {
+        s.send("a", "b", &format!("message {i}"), None, None, None)
+            .unwrap();
+    }
+    let lib_rate = f64::from(n) / t.elapsed().as_secs_f64();
+    println!(
+        "| sends/s through the library (send + enrol, one transaction each) | {lib_rate:.0} |"
+    );
+
+    // 3. One `handoffs send` process.
+    let (db, _) = fresh(d, "cli");
+    let run = |args: &[&str]| {
+        let ok = Command::new(bin())
+            .arg("--db")
+            .arg(&db)
+            .args(args)
+            .stdout(Stdio::null())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "{args:?}");
+    };
+    run(&["agent", "add", "a", "--provider", "demo"]);
+    run(&["agent", "add", "b", "--provider", "demo"]);
+    let mut times = Vec::new();
+    for i in 0..300 {
+        let t = Instant::now();
+        run(&["send", "a", "b", &format!("cli {i}")]);
+        times.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    times.sort_by(f64::total_cmp);
+    println!(
+        "| one `handoffs send` process, median / p99 (ms) | {:.2} / {:.2} |",
+        pct(&times, 0.5),
+        pct(&times, 0.99)
+    );
+    println!(
+        "| sends/s through the CLI (sequential processes) | {:.0} |",
+        1000.0 / pct(&times, 0.5)
+    );
+
+    // 4. Deliveries end to end, argv mode with /bin/true.
+    for recipients in [1usize, 8] {
+        let (db, mut s) = fresh(d, &format!("argv{recipients}"));
+        s.add_agent("lead", "demo", None, None, None, &[]).unwrap();
+        for r in 0..recipients {
+            s.add_agent(
+                &format!("r{r}"),
+                "command",
+                None,
+                None,
+                None,
+                &[("command".into(), serde_json::json!(["/bin/true"]))],
+            )
+            .unwrap();
+        }
+        let n = 600;
+        let e = engine(&db);
+        std::thread::sleep(Duration::from_millis(300));
+        let t0 = Instant::now();
+        for i in 0..n {
+            s.send(
+                "lead",
+                &format!("r{}", i % recipients),
+                &format!("job {i}"),
+                None,
+                None,
+                None,
+            )
+            .unwrap();
+        }
+        wait_returned(&mut s, n as i64, Duration::from_secs(300));
+        let total = t0.elapsed();
+        stop(e);
+        println!(
+            "| deliveries/s, argv mode (`/bin/true`), {recipients} recipient(s), {n} handoffs | {:.0} |",
+            n as f64 / total.as_secs_f64()
+        );
+    }
+
+    // 5. Deliveries end to end, HTTP mode against a local no-op server; backlog drain.
+    let (url, seen) = noop_server();
+    for recipients in [1usize, 8] {
+        let (db, mut s) = fresh(d, &format!("http{recipients}"));
+        s.add_agent("lead", "demo", None, None, None, &[]).unwrap();
+        for r in 0..recipients {
+            s.add_agent(
+                &format!("r{r}"),
+                "command",
+                None,
+                None,
+                None,
+                &[("url".into(), serde_json::json!(url))],
+            )
+            .unwrap();
+        }
+        let n = 2_000;
+        for i in 0..n {
+            s.send(
+                "lead",
+                &format!("r{}", i % recipients),
+                &format!("job {i}"),
+                None,
+                None,
+                None,
+            )
+            .unwrap();
+        }
+        let t0 = Instant::now();
+        let e = engine(&db);
+        wait_returned(&mut s, n as i64, Duration::from_secs(300));
+        let total = t0.elapsed();
+        stop(e);
+        println!(
+            "| deliveries/s, HTTP mode, backlog of {n} to {recipients} recipient(s) (drained in {:.2} s) | {:.0} |",
+            total.as_secs_f64(),
+            n as f64 / total.as_secs_f64()
+        );
+    }
+
+    // 6. Latency from send to the adapter's write, idle engine.
+    let (db, mut s) = fresh(d, "latency");
+    s.add_agent("lead", "demo", None, None, None, &[]).unwrap();
+    s.add_agent(
+        "r",
+        "command",
+        None,
+        None,
+        None,
+        &[("url".into(), serde_json::json!(url))],
+    )
+    .unwrap();
+    let e = engine(&db);
+    std::thread::sleep(Duration::from_millis(500));
+    let mut lat = Vec::new();
+    for i in 0..300 {
+        let t = Instant::now();
+        let sent = s
+            .send("lead", "r", &format!("ping {i}"), None, None, None)
+            .unwrap();
+        let request = s.delivery(&sent.message.id).unwrap().delivery.request_id;
+        let arrived = loop {
+            if let Some(at) = seen.lock().unwrap().get(&request) {
+                break *at;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "no write for {request}"
+            );
+        };
+        lat.push(arrived.duration_since(t).as_secs_f64() * 1000.0);
+        // Let the engine go idle again before the next one.
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    stop(e);
+    lat.sort_by(f64::total_cmp);
+    println!(
+        "| send → adapter write, idle engine, median / p99 (ms) | {:.2} / {:.2} |",
+        pct(&lat, 0.5),
+        pct(&lat, 0.99)
+    );
+
+    // 7. Engine RSS with 10,000 open deliveries (paused, so every one stays open).
+    let (db, mut s) = fresh(d, "rss");
+    s.add_agent("lead", "demo", None, None, None, &[]).unwrap();
+    s.add_agent("r", "demo", None, None, None, &[]).unwrap();
+    s.config_set("enabled", "false").unwrap();
+    for i in 0..10_000 {
+        s.send("lead", "r", &format!("open {i}"), None, None, None)
+            .unwrap();
+    }
+    let e = engine(&db);
+    std::thread::sleep(Duration::from_secs(4));
+    let kb = rss_kb(e.id());
+    stop(e);
+    println!(
+        "| engine RSS with 10,000 open (HELD) deliveries | {:.1} MB |",
+        kb as f64 / 1024.0
+    );
+}
