@@ -102,7 +102,7 @@ impl World {
         ]);
     }
 
-    pub fn spawn_engine(&self) -> Child {
+    pub fn spawn_engine(&self) -> Engine {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -114,6 +114,7 @@ impl World {
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
+            .map(Engine)
             .expect("spawn engine")
     }
 
@@ -248,8 +249,18 @@ pub fn assert_no_overlap(runs: &[Run]) {
     }
 }
 
-pub fn kill9(child: &mut Child) {
+/// A running engine process, killed (SIGKILL) when dropped, so a failing test never leaves
+/// one behind.
+pub struct Engine(Child);
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        kill9(self);
+    }
+}
+
+pub fn kill9(engine: &mut Engine) {
     // SIGKILL: std's kill() sends SIGKILL on Unix.
-    let _ = child.kill();
-    let _ = child.wait();
+    let _ = engine.0.kill();
+    let _ = engine.0.wait();
 }
