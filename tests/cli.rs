@@ -238,6 +238,32 @@ fn a_missing_garbage_or_read_only_database_is_one_clear_line() {
     assert!(stderr_line(&out).contains("not a handoffs database"));
 }
 
+#[test]
+fn a_locked_database_fails_with_one_line_and_writes_nothing() {
+    let w = World::new();
+    w.ok(&["agent", "add", "a", "--provider", "demo"]);
+    let holder = rusqlite::Connection::open(&w.db).unwrap();
+    holder.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    let out = w
+        .cmd()
+        .env("HANDOFFS_BUSY_TIMEOUT_MS", "200")
+        .args(["agent", "add", "b", "--provider", "demo"])
+        .output()
+        .unwrap();
+    let err = stderr_line(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("locked"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    holder.execute_batch("ROLLBACK").unwrap();
+    drop(holder);
+    let agents = w.json(&["agent", "list"]);
+    assert_eq!(
+        agents.as_array().unwrap().len(),
+        1,
+        "nothing written half-way"
+    );
+}
+
 /// Makes an SQLite database that is not ours (one foreign table).
 fn foreign_sqlite(path: &std::path::Path) -> bool {
     rusqlite::Connection::open(path)

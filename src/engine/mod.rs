@@ -296,11 +296,18 @@ impl Engine {
                 .ok_or_else(|| ServiceError::NotFound(format!("no delivery {id}")))?;
             let kind = event(tx)?;
             let step = model::step(row.record.clone(), Event::new(now, kind), policy);
-            if matches!(step.change, Change::Ignored { .. } | Change::Unchanged) {
+            if matches!(step.change, Change::Ignored { .. }) {
                 return Ok((step.record, step.effects, None));
             }
             let agent = tx.agent(&row.recipient)?;
             let due = due_after(policy, &step.record, agent.as_ref(), now);
+            if step.change == Change::Unchanged {
+                // Nothing to record, but look again later rather than at once.
+                if step.effects.is_empty() && row.due_at.is_some_and(|d| d <= millis(now)) {
+                    tx.set_due(id, due)?;
+                }
+                return Ok((step.record, step.effects, None));
+            }
             tx.save_delivery(id, &step.record, due, millis(now))?;
             let note_changed = step.record.core().note() != row.record.core().note();
             if let Change::Moved { from, to } = step.change {
@@ -480,8 +487,12 @@ impl Engine {
             for e in &report.errors {
                 tracing::warn!(error = %e, "engine pass");
             }
-            #[allow(clippy::redundant_closure_for_method_calls)] // a path does not fit the HRTB
-            let next_due = self.service.store.read(|tx| tx.next_due()).ok().flatten();
+            let next_due = self
+                .service
+                .store
+                .read(|tx| tx.next_due(QUEUED_PER_RECIPIENT))
+                .ok()
+                .flatten();
             let now = millis(self.now());
             let wait = match next_due {
                 Some(d) => Duration::from_millis(u64::try_from(d - now).unwrap_or(0)).min(interval),

@@ -164,7 +164,13 @@ impl Store {
                 | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )
         .map_err(|e| corrupt(e.to_string()))?;
-        conn.busy_timeout(BUSY_TIMEOUT)?;
+        // HANDOFFS_BUSY_TIMEOUT_MS shortens the wait for tests and scripts that prefer to fail
+        // fast; the default rides out any other process's short transaction.
+        let busy = std::env::var("HANDOFFS_BUSY_TIMEOUT_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map_or(BUSY_TIMEOUT, Duration::from_millis);
+        conn.busy_timeout(busy)?;
         // Reading the header tells a garbage file from a database before anything is written.
         let app_id: i64 = conn
             .query_row("PRAGMA application_id", [], |r| r.get(0))
@@ -848,11 +854,25 @@ impl Tx<'_> {
         Ok(out.into_iter().map(|(_, _, id)| id).collect())
     }
 
-    /// The earliest due time among deliveries (for the engine's sleep).
-    pub fn next_due(&self) -> Result<Option<i64>> {
+    /// The earliest due time among the deliveries `due` would look at (for the engine's
+    /// sleep): queued rows behind the first `per_recipient` of their recipient do not count.
+    pub fn next_due(&self, per_recipient: i64) -> Result<Option<i64>> {
         Ok(self
             .tx
-            .query_row("SELECT min(due_at) FROM deliveries", [], |r| r.get(0))?)
+            .prepare_cached(
+                "SELECT min(due_at) FROM (
+               SELECT due_at FROM deliveries
+               WHERE state NOT IN ('WAITING', 'BUSY', 'OWNER_REJECTED') AND due_at IS NOT NULL
+               UNION ALL
+               SELECT (SELECT min(due_at) FROM (
+                         SELECT due_at FROM deliveries d
+                         WHERE d.class = 'pending' AND d.recipient = r.recipient
+                           AND d.state IN ('WAITING', 'BUSY', 'OWNER_REJECTED')
+                         ORDER BY d.seq LIMIT ?1))
+               FROM (SELECT DISTINCT recipient FROM deliveries WHERE class = 'pending') r
+             )",
+            )?
+            .query_row([per_recipient], |r| r.get(0))?)
     }
 
     /// Deliveries by state, newest change first.
