@@ -15,8 +15,8 @@ pub struct World {
 }
 
 /// Short bounds so crash recovery takes seconds, not minutes.
-pub const FAST_POLICY: &str =
-    r#"{"sending_timeout_ms": 1500, "unobserved_limit_ms": 5000, "interrupt_resend_wait_ms": 500}"#;
+pub const FAST_POLICY: &str = r#"{"sending_timeout_ms": 1500, "unobserved_limit_ms": 5000,
+    "interrupt_resend_wait_ms": 500, "history_scan_interval_ms": 300, "history_scan_span_ms": 600}"#;
 
 impl World {
     pub fn new() -> World {
