@@ -178,3 +178,22 @@ fn idempotency_keys_return_the_first_message() {
     assert_eq!(other.status.code(), Some(1));
     assert_eq!(w.json(&["inbox", "b"]).as_array().unwrap().len(), 1);
 }
+
+#[test]
+fn an_engine_whose_database_is_deleted_stops_with_one_line() {
+    let w = World::new();
+    let child = w
+        .cmd()
+        .args(["run", "--interval", "0.2"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    std::fs::remove_dir_all(w.db.parent().unwrap()).unwrap();
+    let started = std::time::Instant::now();
+    let out = child.wait_with_output().unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is gone"), "{err}");
+}

@@ -474,13 +474,20 @@ impl Engine {
     /// Passes until `shutdown` resolves: at once when the database changes (a send, a
     /// finished run, a release), and at the latest when the next delivery is due or
     /// `interval` has passed.
+    /// Returns an error when the database disappears under it (a deleted folder).
     pub async fn run(
         &mut self,
         interval: Duration,
         shutdown: impl std::future::Future<Output = ()>,
-    ) {
+    ) -> Result<(), String> {
         tokio::pin!(shutdown);
         loop {
+            if !self.service.store.path().exists() {
+                return Err(format!(
+                    "the database {} is gone; the engine stops",
+                    self.service.store.path().display()
+                ));
+            }
             // Read before the pass: a commit by another process during the pass is noticed.
             let seen = self.service.store.data_version().unwrap_or(0);
             let report = self.pass().await;
@@ -502,7 +509,7 @@ impl Engine {
                 // More is due now: only look whether we were asked to stop.
                 tokio::select! {
                     biased;
-                    () = &mut shutdown => return,
+                    () = &mut shutdown => return Ok(()),
                     () = std::future::ready(()) => continue,
                 }
             }
@@ -513,7 +520,7 @@ impl Engine {
                 }
                 tokio::select! {
                     biased;
-                    () = &mut shutdown => return,
+                    () = &mut shutdown => return Ok(()),
                     () = tokio::time::sleep(WATCH_INTERVAL) => {}
                 }
                 if tokio::time::Instant::now() >= deadline {

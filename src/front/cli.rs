@@ -715,7 +715,8 @@ fn engine_cmd(cli: &Cli, interval: Option<Duration>) -> Result<(), Failure> {
                 if tokio::signal::ctrl_c().await.is_ok() {
                     flag.store(true, std::sync::atomic::Ordering::SeqCst);
                 }
-            }));
+            }))
+            .map_err(|message| Failure { code: 1, message })?;
             if interrupted.load(std::sync::atomic::Ordering::SeqCst) {
                 Err(Failure {
                     code: 130,
