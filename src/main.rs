@@ -9,10 +9,23 @@ fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
-            // --help and --version print to stdout and succeed; anything else is a usage error.
-            let code = if e.use_stderr() { 2 } else { 0 };
-            let _ = e.print();
-            return ExitCode::from(code);
+            // --help and --version print to stdout and succeed; anything else is a usage error,
+            // said in one line.
+            if !e.use_stderr() {
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            let rendered = e.render().to_string();
+            // The first paragraph, folded into one line.
+            let first: Vec<&str> = rendered
+                .lines()
+                .take_while(|l| !l.trim().is_empty())
+                .map(str::trim)
+                .collect();
+            let first = first.join(" ");
+            let first = first.strip_prefix("error: ").unwrap_or(&first);
+            eprintln!("handoffs: {first}; see `handoffs --help`");
+            return ExitCode::from(2);
         }
     };
     tracing_subscriber::fmt()

@@ -21,9 +21,7 @@ fn assert_fails(w: &World, args: &[&str], code: i32, needle: &str) {
         err.contains(needle),
         "handoffs {args:?}: expected {needle:?} in {err:?}"
     );
-    if code == 1 {
-        assert_eq!(err.trim_end().lines().count(), 1, "one line: {err:?}");
-    }
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err:?}");
 }
 
 fn two_agents() -> World {

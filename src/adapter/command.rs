@@ -149,7 +149,7 @@ pub async fn activity(adapters: &Adapters, service: &mut Service, agent: &AgentR
         return match adapters.http.get(&u).send().await {
             Ok(r) if r.status().is_success() => match r.json::<Value>().await {
                 Ok(v) => match v.get("status").and_then(Value::as_str) {
-                    Some("idle" | "finished" | "stopped") => Activity::Idle,
+                    Some("idle" | "finished" | "stopped" | "failed") => Activity::Idle,
                     Some("busy" | "running") => Activity::Busy {
                         turn: v.get("turn_id").and_then(Value::as_str).map(TurnId::new),
                         detail: None,
@@ -310,6 +310,8 @@ async fn start_argv(service: &mut Service, w: &Write<'_>, argv: Vec<String>) -> 
                         .unwrap_or_else(|| "the command could not start".to_owned()),
                 };
             }
+            // Recorded, but the command not started yet: wait for its pid or its refusal.
+            Ok(Some(run)) if run.pid.is_none() && run.outcome.is_none() => {}
             Ok(Some(run)) => {
                 return WriteOutcome::Receipt {
                     turn: TurnId::new(&run.request_id),
@@ -544,22 +546,23 @@ pub async fn supervise(s: Supervise) -> i32 {
         outcome: None,
         detail: None,
     };
+    // The run is recorded before the command starts: a supervisor killed in between leaves
+    // a row whose lock is free (interrupted), never a command that ran with no trace.
+    if store.write(|tx| tx.insert_run(&row)).is_err() {
+        return 1;
+    }
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
-            row.outcome = Some("refused".to_owned());
-            row.detail = Some(format!("could not start {program}: {e}"));
-            row.ended_at = Some(now());
-            let _ = store.write(|tx| tx.insert_run(&row));
+            let detail = format!("could not start {program}: {e}");
+            let _ = store
+                .write(|tx| tx.finish_run(&s.request_id, now(), None, "refused", Some(&detail)));
             let _ = std::fs::remove_file(&s.text_file);
             return 0;
         }
     };
     row.pid = child.id().map(i64::from);
-    if store.write(|tx| tx.insert_run(&row)).is_err() {
-        let _ = child.kill().await;
-        return 1;
-    }
+    let _ = store.write(|tx| tx.set_run_pid(&s.request_id, row.pid));
     let waited = tokio::time::timeout(Duration::from_secs(s.timeout_secs), child.wait()).await;
     let (code, outcome, detail) = match waited {
         Ok(Ok(status)) => match status.code() {

@@ -39,6 +39,8 @@ impl Adapters {
         let http = reqwest::Client::builder()
             .timeout(std::time::Duration::from_secs(command::HTTP_TIMEOUT_SECS))
             .pool_max_idle_per_host(16)
+            // A redirect must not turn one write into two, or a POST into a GET.
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .unwrap_or_default();
         Adapters { http }

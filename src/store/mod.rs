@@ -209,15 +209,15 @@ impl Store {
         conn.execute_batch(&format!(
             "PRAGMA synchronous={sync}; PRAGMA foreign_keys=ON; PRAGMA temp_store=MEMORY;"
         ))?;
-        let mut store = Store {
-            conn,
-            path: path.to_owned(),
-        };
+        // Absolute, so every process it is handed to (supervisors, commands running in another
+        // folder through HANDOFFS_DB) finds the same database.
+        let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
+        let mut store = Store { conn, path };
         if version < migrations::LATEST {
             store.migrate(version)?;
         }
         for suffix in ["-wal", "-shm"] {
-            let p = sibling(path, suffix);
+            let p = sibling(&store.path, suffix);
             if p.exists() {
                 let _ = set_mode(&p, 0o600);
             }
@@ -980,6 +980,14 @@ impl Tx<'_> {
         ))?;
         let rows = st.query_map([agent], run_from)?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    pub fn set_run_pid(&self, request_id: &str, pid: Option<i64>) -> Result<()> {
+        self.tx.execute(
+            "UPDATE runs SET pid = ?2 WHERE request_id = ?1",
+            params![request_id, pid],
+        )?;
+        Ok(())
     }
 
     pub fn finish_run(
