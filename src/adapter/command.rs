@@ -310,8 +310,6 @@ async fn start_argv(service: &mut Service, w: &Write<'_>, argv: Vec<String>) -> 
                         .unwrap_or_else(|| "the command could not start".to_owned()),
                 };
             }
-            // Recorded, but the command not started yet: wait for its pid or its refusal.
-            Ok(Some(run)) if run.pid.is_none() && run.outcome.is_none() => {}
             Ok(Some(run)) => {
                 return WriteOutcome::Receipt {
                     turn: TurnId::new(&run.request_id),
@@ -546,23 +544,22 @@ pub async fn supervise(s: Supervise) -> i32 {
         outcome: None,
         detail: None,
     };
-    // The run is recorded before the command starts: a supervisor killed in between leaves
-    // a row whose lock is free (interrupted), never a command that ran with no trace.
-    if store.write(|tx| tx.insert_run(&row)).is_err() {
-        return 1;
-    }
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
-            let detail = format!("could not start {program}: {e}");
-            let _ = store
-                .write(|tx| tx.finish_run(&s.request_id, now(), None, "refused", Some(&detail)));
+            row.outcome = Some("refused".to_owned());
+            row.detail = Some(format!("could not start {program}: {e}"));
+            row.ended_at = Some(now());
+            let _ = store.write(|tx| tx.insert_run(&row));
             let _ = std::fs::remove_file(&s.text_file);
             return 0;
         }
     };
     row.pid = child.id().map(i64::from);
-    let _ = store.write(|tx| tx.set_run_pid(&s.request_id, row.pid));
+    if store.write(|tx| tx.insert_run(&row)).is_err() {
+        let _ = child.kill().await;
+        return 1;
+    }
     let waited = tokio::time::timeout(Duration::from_secs(s.timeout_secs), child.wait()).await;
     let (code, outcome, detail) = match waited {
         Ok(Ok(status)) => match status.code() {

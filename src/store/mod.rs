@@ -982,14 +982,6 @@ impl Tx<'_> {
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
-    pub fn set_run_pid(&self, request_id: &str, pid: Option<i64>) -> Result<()> {
-        self.tx.execute(
-            "UPDATE runs SET pid = ?2 WHERE request_id = ?1",
-            params![request_id, pid],
-        )?;
-        Ok(())
-    }
-
     pub fn finish_run(
         &self,
         request_id: &str,
