@@ -10,11 +10,11 @@ pub mod outage;
 
 use crate::adapter::{Adapters, Write};
 use crate::service::{self, Service, ServiceError, card};
-use crate::store::{AgentRow, MessageRow, Tx, millis, sibling};
+use crate::store::{AgentRow, Tx, millis, sibling};
 use model::states::BusyReason;
 use model::{Change, Delivery, Effect, Event, EventKind, Millis, PassFacts, Policy};
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::collections::VecDeque;
 use std::fs::File;
 use std::time::{Duration, Instant};
@@ -204,20 +204,14 @@ impl Engine {
                     "Reminder: the work \"{}\" you gave to {} is past its due time and has not been returned.",
                     w.title, w.recipient
                 );
-                let m = MessageRow {
-                    id: crate::clock::new_id(),
-                    sender: w.recipient.clone(),
-                    recipient: w.sender.clone(),
-                    body_hash: service::body_hash(&body),
+                let m = service::work_message(
+                    &w,
+                    (&w.recipient, &w.sender),
                     body,
-                    intent: "notification".to_owned(),
-                    kind: "reminder".to_owned(),
-                    title: Some(format!("overdue: {}", w.title)),
-                    work_id: Some(w.id.clone()),
-                    idem_key: None,
-                    created_at: millis(now),
-                    read_at: None,
-                };
+                    ("notification", "reminder"),
+                    format!("overdue: {}", w.title),
+                    now,
+                );
                 tx.insert_message(&m)?;
                 w.reminded_at = Some(millis(now));
                 tx.update_work(&w)?;
@@ -528,17 +522,5 @@ impl Engine {
                 }
             }
         }
-    }
-}
-
-/// Overview of an engine's health from its last report.
-pub fn health(report: Option<(i64, Value)>, now: Millis) -> Value {
-    match report {
-        None => json!({"engine": "never ran"}),
-        Some((at, r)) => json!({
-            "last_pass_at": at,
-            "seconds_ago": (millis(now) - at) / 1000,
-            "report": r,
-        }),
     }
 }

@@ -144,6 +144,31 @@ impl Outcome {
     }
 }
 
+/// A new message about work `w` (a return, a reminder), from→to, with a fresh id.
+pub fn work_message(
+    w: &WorkRow,
+    (from, to): (&str, &str),
+    body: String,
+    (intent, kind): (&str, &str),
+    title: String,
+    now: Millis,
+) -> MessageRow {
+    MessageRow {
+        id: crate::clock::new_id(),
+        sender: from.to_owned(),
+        recipient: to.to_owned(),
+        body_hash: body_hash(&body),
+        body,
+        intent: intent.to_owned(),
+        kind: kind.to_owned(),
+        title: Some(title),
+        work_id: Some(w.id.clone()),
+        idem_key: None,
+        created_at: millis(now),
+        read_at: None,
+    }
+}
+
 /// Checks an agent id: `[A-Za-z0-9._-]{1,64}`.
 pub fn check_agent_id(id: &str) -> Result<()> {
     let ok = !id.is_empty()
@@ -692,20 +717,14 @@ impl Service {
             if let Some(e) = evidence {
                 body.push_str(&format!("\n\nEvidence: {e}"));
             }
-            let ret = MessageRow {
-                id: crate::clock::new_id(),
-                sender: actor.to_owned(),
-                recipient: w.sender.clone(),
-                body_hash: body_hash(&body),
+            let ret = work_message(
+                &w,
+                (actor, &w.sender),
                 body,
-                intent: "handoff".to_owned(),
-                kind: "return".to_owned(),
-                title: Some(format!("{verb}: {}", w.title)),
-                work_id: Some(w.id.clone()),
-                idem_key: None,
-                created_at: millis(now),
-                read_at: None,
-            };
+                ("handoff", "return"),
+                format!("{verb}: {}", w.title),
+                now,
+            );
             tx.insert_message(&ret)?;
             tx.event(
                 millis(now),

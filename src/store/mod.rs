@@ -5,7 +5,7 @@
 
 mod migrations;
 
-use model::{Delivery, MessageId, Millis, StateKind};
+use model::{Delivery, Millis, StateKind};
 use rusqlite::{
     Connection, OpenFlags, OptionalExtension, Transaction, TransactionBehavior, params,
 };
@@ -1068,14 +1068,4 @@ fn decode_delivery(
 /// Milliseconds since the epoch, as stored.
 pub fn millis(m: Millis) -> i64 {
     i64::try_from(m.0).unwrap_or(i64::MAX)
-}
-
-/// A stored instant as the model's `Millis`.
-pub fn from_millis(v: i64) -> Millis {
-    Millis(u64::try_from(v).unwrap_or(0))
-}
-
-/// The message id type for a stored id.
-pub fn message_id(id: &str) -> MessageId {
-    MessageId::new(id)
 }
