@@ -1,7 +1,13 @@
-//! The engine: one bounded pass over due deliveries, and a loop that runs passes as soon as
-//! there is new work. For each delivery it loads the stored record, calls `model::step` with
-//! the facts it gathered, commits the result in one short transaction, and only then performs
-//! the effect the step asked for (commit before effect). It holds no delivery rule of its own.
+//! The engine: passes over due deliveries, and a loop that runs them as soon as there is new
+//! work. For each delivery it loads the stored record, calls `model::step` with the facts it
+//! gathered, commits the result in one short transaction, and only then performs the effect the
+//! step asked for (commit before effect). It holds no delivery rule of its own.
+//!
+//! Recipients are served concurrently, each by one job on a connection of its own, and the
+//! deliveries of one recipient one after another: a slow or waiting recipient never holds up
+//! the others, and a recipient never sees two of our writes at once. The jobs run on the
+//! engine's own task (no threads): their transactions never interleave, their waits on agents
+//! do.
 //!
 //! Only one engine delivers per database: it holds an exclusive lock on `<db>.engine` for its
 //! whole life (released by the OS if it is killed); another engine skips its pass and says so.
@@ -10,23 +16,31 @@ pub mod outage;
 
 use crate::adapter::{Adapters, Write};
 use crate::service::{self, Service, ServiceError, card};
-use crate::store::{AgentRow, Tx, millis, sibling};
+use crate::store::{AgentRow, Store, Tx, millis, sibling};
+use futures_util::StreamExt;
+use futures_util::future::LocalBoxFuture;
+use futures_util::stream::FuturesUnordered;
 use model::states::BusyReason;
 use model::{Change, Delivery, Effect, Event, EventKind, Millis, PassFacts, Policy};
 use serde::Serialize;
 use serde_json::Value;
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::fs::File;
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 /// How many deliveries one pass looks at, at most.
 const PASS_DELIVERIES_MAX: i64 = 2_000;
 /// Of the deliveries queued for one recipient, how many a pass looks at.
 const QUEUED_PER_RECIPIENT: i64 = 2;
+/// How many recipients are served at once, at most.
+const JOBS_MAX: usize = 64;
 /// How often enrolment of stragglers, reminders and the health report run at most.
 const HOUSEKEEPING_INTERVAL_MS: u64 = 1_000;
 /// How often a running engine checks the database for new work.
 const WATCH_INTERVAL: Duration = Duration::from_millis(5);
+/// How long a stopping engine lets the turns it is starting finish their step.
+const STOP_GRACE: Duration = Duration::from_secs(10);
 
 /// What one pass did (the health report, saved after each pass).
 #[derive(Clone, Debug, Default, Serialize)]
@@ -44,12 +58,31 @@ pub struct PassReport {
     pub pid: u32,
 }
 
-/// The engine over one database.
-pub struct Engine {
-    pub service: Service,
+impl PassReport {
+    fn absorb(&mut self, part: PassReport) {
+        self.moved += part.moved;
+        self.writes += part.writes;
+        self.errors.extend(part.errors);
+    }
+}
+
+/// What every job shares: how to reach agents, and the rules.
+#[derive(Debug)]
+struct Ctx {
     adapters: Adapters,
     policy: Policy,
     one_shot: bool,
+}
+
+/// One recipient's job: hands back its connection, the recipient and what it did.
+type Job = LocalBoxFuture<'static, (Service, String, PassReport)>;
+
+/// The engine over one database.
+pub struct Engine {
+    pub service: Service,
+    ctx: Rc<Ctx>,
+    /// Connections of finished jobs, for the next ones.
+    pool: Vec<Service>,
     guard: outage::OutageGuard,
     /// When enrolment and reminders last ran, and when a report was last saved.
     last_housekeeping: Option<Millis>,
@@ -60,7 +93,7 @@ pub struct Engine {
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Engine")
-            .field("one_shot", &self.one_shot)
+            .field("one_shot", &self.ctx.one_shot)
             .finish_non_exhaustive()
     }
 }
@@ -96,9 +129,12 @@ impl Engine {
         }
         Ok(Engine {
             service,
-            adapters: Adapters::new(),
-            policy: Policy::default(),
-            one_shot,
+            ctx: Rc::new(Ctx {
+                adapters: Adapters::new(),
+                policy: Policy::default(),
+                one_shot,
+            }),
+            pool: Vec::new(),
             guard: outage::OutageGuard::default(),
             last_housekeeping: None,
             last_report: None,
@@ -109,7 +145,11 @@ impl Engine {
     /// Uses `policy` instead of the default (tests and the simulation).
     #[must_use]
     pub fn with_policy(mut self, policy: Policy) -> Engine {
-        self.policy = policy;
+        self.ctx = Rc::new(Ctx {
+            adapters: self.ctx.adapters.clone(),
+            policy,
+            one_shot: self.ctx.one_shot,
+        });
         self
     }
 
@@ -117,73 +157,137 @@ impl Engine {
         self.service.now()
     }
 
-    /// One bounded pass over due deliveries.
+    /// One bounded pass: housekeeping, then every due delivery once, recipients concurrently.
     pub async fn pass(&mut self) -> PassReport {
         let started = Instant::now();
-        let mut report = PassReport {
-            at: millis(self.now()),
-            pid: std::process::id(),
-            ..PassReport::default()
-        };
-        // Enrolling stragglers and reminders scan tables: at most once a second (sends enrol
-        // their own deliveries at once).
         let started_at = self.now();
-        if self
-            .last_housekeeping
-            .is_none_or(|t| started_at.since(t) >= HOUSEKEEPING_INTERVAL_MS)
-        {
-            self.last_housekeeping = Some(started_at);
-            match self.housekeeping() {
-                Ok((enrolled, reminders)) => {
-                    report.enrolled = enrolled;
-                    report.reminders = reminders;
-                }
-                Err(e) => report.errors.push(e.to_string()),
-            }
+        let mut report = self.new_report();
+        self.housekeeping_if_due(&mut report);
+        let mut jobs = FuturesUnordered::new();
+        let mut busy = HashSet::new();
+        self.dispatch(&mut jobs, &mut busy, &mut report).await;
+        while let Some((svc, _, part)) = jobs.next().await {
+            self.pool.push(svc);
+            report.absorb(part);
         }
-        let now = millis(self.now());
-        let due = self
-            .service
-            .store
-            .read(|tx| tx.due(now, QUEUED_PER_RECIPIENT, PASS_DELIVERIES_MAX));
-        match due {
-            Ok(ids) => {
-                report.looked_at = ids.len();
-                let outage = if ids.is_empty() {
-                    None
-                } else {
-                    let config = self
-                        .service
-                        .store
-                        .read(|tx| tx.config("outageGuard"))
-                        .ok()
-                        .flatten()
-                        .unwrap_or(Value::Null);
-                    self.guard.check(&self.adapters.http, &config).await
-                };
-                for id in ids {
-                    if let Err(e) = self.deliver(&id, outage.clone(), &mut report).await {
-                        report.errors.push(format!("{id}: {e}"));
-                    }
-                }
-            }
-            Err(e) => report.errors.push(e.to_string()),
-        }
-        report.took_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        report.took_ms = elapsed_ms(started);
         let worth_saving = report.moved > 0
             || !report.errors.is_empty()
             || self
                 .last_report
                 .is_none_or(|t| started_at.since(t) >= HOUSEKEEPING_INTERVAL_MS);
         if worth_saving {
-            self.last_report = Some(started_at);
-            let value = serde_json::to_value(&report).unwrap_or(Value::Null);
-            let at = report.at;
-            if let Err(e) = self.service.store.write(|tx| tx.save_report(at, &value)) {
-                report.errors.push(e.to_string());
-            }
+            self.save_report(&mut report, started_at);
         }
         report
+    }
+
+    fn new_report(&self) -> PassReport {
+        PassReport {
+            at: millis(self.now()),
+            pid: std::process::id(),
+            ..PassReport::default()
+        }
+    }
+
+    fn save_report(&mut self, report: &mut PassReport, at: Millis) {
+        self.last_report = Some(at);
+        let value = serde_json::to_value(&*report).unwrap_or(Value::Null);
+        let at = report.at;
+        if let Err(e) = self.service.store.write(|tx| tx.save_report(at, &value)) {
+            report.errors.push(e.to_string());
+        }
+    }
+
+    /// Enrolling stragglers and reminders scan tables: at most once a second (sends enrol
+    /// their own deliveries at once).
+    fn housekeeping_if_due(&mut self, report: &mut PassReport) {
+        let now = self.now();
+        if self
+            .last_housekeeping
+            .is_some_and(|t| now.since(t) < HOUSEKEEPING_INTERVAL_MS)
+        {
+            return;
+        }
+        self.last_housekeeping = Some(now);
+        match self.housekeeping() {
+            Ok((enrolled, reminders)) => {
+                report.enrolled += enrolled;
+                report.reminders += reminders;
+            }
+            Err(e) => report.errors.push(e.to_string()),
+        }
+    }
+
+    /// Starts a job for every recipient with due deliveries that has none running yet.
+    /// Returns how many it started.
+    async fn dispatch(
+        &mut self,
+        jobs: &mut FuturesUnordered<Job>,
+        busy: &mut HashSet<String>,
+        report: &mut PassReport,
+    ) -> usize {
+        let now = millis(self.now());
+        let due = self
+            .service
+            .store
+            .read(|tx| tx.due(now, QUEUED_PER_RECIPIENT, PASS_DELIVERIES_MAX));
+        let due = match due {
+            Ok(due) => due,
+            Err(e) => {
+                report.errors.push(e.to_string());
+                return 0;
+            }
+        };
+        // Group by recipient, in the order the store gave (active first, then oldest).
+        let mut groups: Vec<(String, Vec<String>)> = Vec::new();
+        for (id, recipient) in due {
+            if busy.contains(&recipient) {
+                continue;
+            }
+            match groups.iter_mut().find(|(r, _)| *r == recipient) {
+                Some((_, ids)) => ids.push(id),
+                None => groups.push((recipient, vec![id])),
+            }
+        }
+        if groups.is_empty() {
+            return 0;
+        }
+        let config = self
+            .service
+            .store
+            .read(|tx| tx.config("outageGuard"))
+            .ok()
+            .flatten()
+            .unwrap_or(Value::Null);
+        let outage = self.guard.check(&self.ctx.adapters.http, &config).await;
+        let mut started = 0;
+        for (recipient, ids) in groups {
+            if jobs.len() >= JOBS_MAX {
+                break;
+            }
+            let svc = match self.pool.pop() {
+                Some(svc) => svc,
+                None => match self.service.reopen() {
+                    Ok(svc) => svc,
+                    Err(e) => {
+                        report.errors.push(e.to_string());
+                        break;
+                    }
+                },
+            };
+            report.looked_at += ids.len();
+            busy.insert(recipient.clone());
+            jobs.push(Box::pin(serve(
+                self.ctx.clone(),
+                svc,
+                recipient,
+                ids,
+                outage.clone(),
+            )));
+            started += 1;
+        }
+        started
     }
 
     /// Enrols handoffs that have no delivery yet, and sends due reminders (one each, as a
@@ -273,201 +377,241 @@ fn due_after(
     }
 }
 
-impl Engine {
-    /// Applies one event to the stored delivery `id` in one transaction: the record as stored
-    /// now (a person may have released it meanwhile), `step`, the new record and its event.
-    fn apply(
-        &mut self,
-        id: &str,
-        report: &mut PassReport,
-        event: impl FnOnce(&Tx<'_>) -> Result<EventKind, ServiceError>,
-    ) -> Result<(Delivery, Vec<Effect>), ServiceError> {
-        let now = self.now();
-        let policy = &self.policy;
-        let result: Result<_, ServiceError> = self.service.store.write(|tx| {
-            let row = tx
-                .delivery(id)?
-                .ok_or_else(|| ServiceError::NotFound(format!("no delivery {id}")))?;
-            let kind = event(tx)?;
-            let step = model::step(row.record.clone(), Event::new(now, kind), policy);
-            if matches!(step.change, Change::Ignored { .. }) {
-                return Ok((step.record, step.effects, None));
-            }
-            let agent = tx.agent(&row.recipient)?;
-            let due = due_after(policy, &step.record, agent.as_ref(), now);
-            if step.change == Change::Unchanged {
-                // Nothing to record, but look again later rather than at once.
-                if step.effects.is_empty() && row.due_at.is_some_and(|d| d <= millis(now)) {
-                    tx.set_due(id, due)?;
-                }
-                return Ok((step.record, step.effects, None));
-            }
-            tx.save_delivery(id, &step.record, due, millis(now))?;
-            let note_changed = step.record.core().note() != row.record.core().note();
-            if let Change::Moved { from, to } = step.change {
-                tx.event(
-                    millis(now),
-                    Some(id),
-                    "state",
-                    &format!("{from} → {to}: {}", step.record.detail()),
-                )?;
-                if !step.record.is_active()
-                    && (from.class() == model::Class::Active
-                        || to.class() == model::Class::Terminal)
-                {
-                    tx.wake_recipient(&row.recipient, millis(now))?;
-                }
-            } else if note_changed && step.record.core().note().is_some() {
-                tx.event(millis(now), Some(id), "note", &step.record.detail())?;
-            }
-            Ok((step.record, step.effects, Some(step.change)))
-        });
-        let (record, effects, change) = result?;
-        if matches!(change, Some(Change::Moved { .. })) {
-            report.moved += 1;
-        }
-        Ok((record, effects))
-    }
+fn elapsed_ms(since: Instant) -> u64 {
+    u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
 
-    /// Takes one delivery through as much of SPEC §2.2–2.4 as it can now.
-    async fn deliver(
-        &mut self,
-        id: &str,
-        outage: Option<String>,
-        report: &mut PassReport,
-    ) -> Result<(), ServiceError> {
-        let (_, effects) = self.apply(id, report, |_| Ok(EventKind::TimePassed))?;
-        let mut queue: VecDeque<Effect> = effects.into();
-        let one_shot = self.one_shot;
-        let (record, effects) = self.apply(id, report, |tx| {
-            let mut facts = facts(tx, id, one_shot)?;
-            facts.outage.clone_from(&outage);
-            Ok(EventKind::PassStarted(facts))
-        })?;
-        queue.extend(effects);
-        let recipient = record.core().target().agent.as_str().to_owned();
-        while let Some(effect) = queue.pop_front() {
-            let agent = self.service.store.read(|tx| tx.agent(&recipient))?;
-            let Some(agent) = agent else {
-                // Gone since the pass began: the next pass makes it UNAVAILABLE.
-                break;
-            };
-            let more = match effect {
-                Effect::CheckActivity => {
-                    let activity = self.adapters.activity(&mut self.service, &agent).await;
-                    self.apply(id, report, |_| Ok(EventKind::ActivityObserved { activity }))?
-                        .1
-                }
-                Effect::Reserve if self.policy.planted(model::PlantedBug::ReserveAfterWrite) => {
-                    // The planted bug: write first, commit the reservation afterwards. A kill
-                    // in between forgets the write, and the next engine writes again.
-                    let request_id = record.core().request_id().to_string();
-                    let outcome = self.write_now(id, &agent, &request_id, report).await?;
-                    self.apply(id, report, |_| {
-                        Ok(EventKind::Reservation {
-                            earlier_active: None,
-                        })
-                    })?;
-                    self.apply(id, report, |tx| {
-                        let facts = facts(tx, id, one_shot)?;
-                        Ok(EventKind::SendBoundary {
-                            permission: facts.permission,
-                            recipient: facts.recipient,
-                            activity: model::Activity::Idle,
-                            work_open: facts.work_open,
-                        })
-                    })?;
-                    self.apply(id, report, |_| Ok(EventKind::WriteResult { outcome }))?
-                        .1
-                }
-                Effect::Reserve => {
-                    let rcpt = recipient.clone();
-                    self.apply(id, report, |tx| {
-                        Ok(EventKind::Reservation {
-                            earlier_active: tx.active_for(&rcpt, id)?.map(model::MessageId::new),
-                        })
-                    })?
-                    .1
-                }
-                Effect::Prepare => {
-                    if let Err(e) = self.adapters.prepare(&agent) {
-                        report.errors.push(format!("{id}: prepare: {e}"));
-                    }
-                    let activity = self.adapters.activity(&mut self.service, &agent).await;
-                    self.apply(id, report, |tx| {
-                        let facts = facts(tx, id, one_shot)?;
-                        Ok(EventKind::SendBoundary {
-                            permission: facts.permission,
-                            recipient: facts.recipient,
-                            activity,
-                            work_open: facts.work_open,
-                        })
-                    })?
-                    .1
-                }
-                Effect::Write { request_id, .. } => {
-                    let outcome = self
-                        .write_now(id, &agent, request_id.as_str(), report)
-                        .await?;
-                    self.apply(id, report, |_| Ok(EventKind::WriteResult { outcome }))?
-                        .1
-                }
-                Effect::Observe { request_id } => {
-                    let observed = self
-                        .adapters
-                        .observe(&mut self.service, &agent, request_id.as_str())
-                        .await;
-                    self.apply(id, report, |_| Ok(EventKind::Observation { observed }))?
-                        .1
-                }
-                Effect::ScanHistory { request_id } => {
-                    let scan = self
-                        .adapters
-                        .scan(&mut self.service, &agent, request_id.as_str())
-                        .await;
-                    self.apply(id, report, |_| Ok(EventKind::HistoryScan { scan }))?
-                        .1
-                }
-            };
-            queue.extend(more);
+/// One recipient's deliveries, one after another.
+async fn serve(
+    ctx: Rc<Ctx>,
+    mut svc: Service,
+    recipient: String,
+    ids: Vec<String>,
+    outage: Option<String>,
+) -> (Service, String, PassReport) {
+    let mut report = PassReport::default();
+    for id in ids {
+        if let Err(e) = deliver(&ctx, &mut svc, &id, outage.as_ref(), &mut report).await {
+            report.errors.push(format!("{id}: {e}"));
         }
-        Ok(())
     }
+    (svc, recipient, report)
+}
 
-    /// Hands one write to the adapter: the card for the message, with `request_id`.
-    async fn write_now(
-        &mut self,
-        id: &str,
-        agent: &AgentRow,
-        request_id: &str,
-        report: &mut PassReport,
-    ) -> Result<model::WriteOutcome, ServiceError> {
-        let (message, work) = self.service.store.read(|tx| {
-            let m = tx.message(id)?;
-            let w = match m.as_ref().and_then(|m| m.work_id.clone()) {
-                Some(w) => tx.work(&w)?,
-                None => None,
-            };
-            Ok::<_, ServiceError>((m, w))
-        })?;
-        let message =
-            message.ok_or_else(|| ServiceError::NotFound(format!("message {id} is gone")))?;
-        let text = card::card(&message, work.as_ref());
-        let db = self.service.store.path().to_owned();
-        let write = Write {
-            db: &db,
-            agent,
-            message: &message,
-            text: &text,
-            request_id,
+/// Applies one event to the stored delivery `id` in one transaction: the record as stored
+/// now (a person may have released it meanwhile), `step`, the new record and its event.
+fn apply(
+    ctx: &Ctx,
+    svc: &mut Service,
+    id: &str,
+    report: &mut PassReport,
+    event: impl FnOnce(&Tx<'_>) -> Result<EventKind, ServiceError>,
+) -> Result<(Delivery, Vec<Effect>), ServiceError> {
+    let now = svc.now();
+    let policy = &ctx.policy;
+    let result: Result<_, ServiceError> = svc.store.write(|tx| {
+        let row = tx
+            .delivery(id)?
+            .ok_or_else(|| ServiceError::NotFound(format!("no delivery {id}")))?;
+        let kind = event(tx)?;
+        let step = model::step(row.record.clone(), Event::new(now, kind), policy);
+        if matches!(step.change, Change::Ignored { .. }) {
+            return Ok((step.record, step.effects, None));
+        }
+        let agent = tx.agent(&row.recipient)?;
+        let due = due_after(policy, &step.record, agent.as_ref(), now);
+        if step.change == Change::Unchanged {
+            // Nothing to record, but look again later rather than at once.
+            if step.effects.is_empty() && row.due_at.is_some_and(|d| d <= millis(now)) {
+                tx.set_due(id, due)?;
+            }
+            return Ok((step.record, step.effects, None));
+        }
+        tx.save_delivery(id, &step.record, due, millis(now))?;
+        let note_changed = step.record.core().note() != row.record.core().note();
+        if let Change::Moved { from, to } = step.change {
+            tx.event(
+                millis(now),
+                Some(id),
+                "state",
+                &format!("{from} → {to}: {}", step.record.detail()),
+            )?;
+            if !step.record.is_active()
+                && (from.class() == model::Class::Active || to.class() == model::Class::Terminal)
+            {
+                tx.wake_recipient(&row.recipient, millis(now))?;
+            }
+        } else if note_changed && step.record.core().note().is_some() {
+            tx.event(millis(now), Some(id), "note", &step.record.detail())?;
+        }
+        Ok((step.record, step.effects, Some(step.change)))
+    });
+    let (record, effects, change) = result?;
+    if matches!(change, Some(Change::Moved { .. })) {
+        report.moved += 1;
+    }
+    Ok((record, effects))
+}
+
+/// Takes one delivery through as much of SPEC §2.2–2.4 as it can now.
+async fn deliver(
+    ctx: &Ctx,
+    svc: &mut Service,
+    id: &str,
+    outage: Option<&String>,
+    report: &mut PassReport,
+) -> Result<(), ServiceError> {
+    let (_, effects) = apply(ctx, svc, id, report, |_| Ok(EventKind::TimePassed))?;
+    let mut queue: VecDeque<Effect> = effects.into();
+    let one_shot = ctx.one_shot;
+    let (record, effects) = apply(ctx, svc, id, report, |tx| {
+        let mut facts = facts(tx, id, one_shot)?;
+        facts.outage = outage.cloned();
+        Ok(EventKind::PassStarted(facts))
+    })?;
+    queue.extend(effects);
+    let recipient = record.core().target().agent.as_str().to_owned();
+    let adapters = &ctx.adapters;
+    while let Some(effect) = queue.pop_front() {
+        let agent = svc.store.read(|tx| tx.agent(&recipient))?;
+        let Some(agent) = agent else {
+            // Gone since the pass began: the next pass makes it UNAVAILABLE.
+            break;
         };
-        report.writes += 1;
-        Ok(self.adapters.start(&mut self.service, &write).await)
+        let more = match effect {
+            Effect::CheckActivity => {
+                let activity = adapters.activity(svc, &agent).await;
+                apply(ctx, svc, id, report, |_| {
+                    Ok(EventKind::ActivityObserved { activity })
+                })?
+                .1
+            }
+            Effect::Reserve if ctx.policy.planted(model::PlantedBug::ReserveAfterWrite) => {
+                // The planted bug: write first, commit the reservation afterwards. A kill
+                // in between forgets the write, and the next engine writes again.
+                let request_id = record.core().request_id().to_string();
+                let outcome = write_now(ctx, svc, id, &agent, &request_id, report).await?;
+                apply(ctx, svc, id, report, |_| {
+                    Ok(EventKind::Reservation {
+                        earlier_active: None,
+                    })
+                })?;
+                apply(ctx, svc, id, report, |tx| {
+                    let facts = facts(tx, id, one_shot)?;
+                    Ok(EventKind::SendBoundary {
+                        permission: facts.permission,
+                        recipient: facts.recipient,
+                        activity: model::Activity::Idle,
+                        work_open: facts.work_open,
+                    })
+                })?;
+                apply(ctx, svc, id, report, |_| {
+                    Ok(EventKind::WriteResult { outcome })
+                })?
+                .1
+            }
+            Effect::Reserve => {
+                let rcpt = recipient.clone();
+                apply(ctx, svc, id, report, |tx| {
+                    Ok(EventKind::Reservation {
+                        earlier_active: tx.active_for(&rcpt, id)?.map(model::MessageId::new),
+                    })
+                })?
+                .1
+            }
+            Effect::Prepare => {
+                if let Err(e) = adapters.prepare(&agent) {
+                    report.errors.push(format!("{id}: prepare: {e}"));
+                }
+                let activity = adapters.activity(svc, &agent).await;
+                apply(ctx, svc, id, report, |tx| {
+                    let facts = facts(tx, id, one_shot)?;
+                    Ok(EventKind::SendBoundary {
+                        permission: facts.permission,
+                        recipient: facts.recipient,
+                        activity,
+                        work_open: facts.work_open,
+                    })
+                })?
+                .1
+            }
+            Effect::Write { request_id, .. } => {
+                let outcome = write_now(ctx, svc, id, &agent, request_id.as_str(), report).await?;
+                apply(ctx, svc, id, report, |_| {
+                    Ok(EventKind::WriteResult { outcome })
+                })?
+                .1
+            }
+            Effect::Observe { request_id } => {
+                let observed = adapters.observe(svc, &agent, request_id.as_str()).await;
+                apply(ctx, svc, id, report, |_| {
+                    Ok(EventKind::Observation { observed })
+                })?
+                .1
+            }
+            Effect::ScanHistory { request_id } => {
+                let scan = adapters.scan(svc, &agent, request_id.as_str()).await;
+                apply(ctx, svc, id, report, |_| {
+                    Ok(EventKind::HistoryScan { scan })
+                })?
+                .1
+            }
+        };
+        queue.extend(more);
     }
+    Ok(())
+}
 
-    /// Passes until `shutdown` resolves: at once when the database changes (a send, a
-    /// finished run, a release), and at the latest when the next delivery is due or
-    /// `interval` has passed.
+/// Hands one write to the adapter: the card for the message, with `request_id`.
+async fn write_now(
+    ctx: &Ctx,
+    svc: &mut Service,
+    id: &str,
+    agent: &AgentRow,
+    request_id: &str,
+    report: &mut PassReport,
+) -> Result<model::WriteOutcome, ServiceError> {
+    let (message, work) = svc.store.read(|tx| {
+        let m = tx.message(id)?;
+        let w = match m.as_ref().and_then(|m| m.work_id.clone()) {
+            Some(w) => tx.work(&w)?,
+            None => None,
+        };
+        Ok::<_, ServiceError>((m, w))
+    })?;
+    let message = message.ok_or_else(|| ServiceError::NotFound(format!("message {id} is gone")))?;
+    let text = card::card(&message, work.as_ref());
+    let db = svc.store.path().to_owned();
+    let write = Write {
+        db: &db,
+        agent,
+        message: &message,
+        text: &text,
+        request_id,
+    };
+    report.writes += 1;
+    Ok(ctx.adapters.start(svc, &write).await)
+}
+
+/// Waits until another connection commits, or `deadline`.
+async fn watch(store: &Store, seen: i64, deadline: tokio::time::Instant) {
+    loop {
+        if store.data_version().unwrap_or(seen) != seen {
+            return;
+        }
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            return;
+        }
+        tokio::time::sleep(WATCH_INTERVAL.min(deadline - now)).await;
+    }
+}
+
+impl Engine {
+    /// Serves deliveries until `shutdown` resolves: a new job as soon as the database changes
+    /// (a send, a finished run, a release) or a job ends, and at the latest when the next
+    /// delivery is due or `interval` has passed. On shutdown it stops starting jobs and gives
+    /// the running ones a short grace to finish their step.
     /// Returns an error when the database disappears under it (a deleted folder).
     pub async fn run(
         &mut self,
@@ -475,6 +619,10 @@ impl Engine {
         shutdown: impl std::future::Future<Output = ()>,
     ) -> Result<(), String> {
         tokio::pin!(shutdown);
+        let mut jobs: FuturesUnordered<Job> = FuturesUnordered::new();
+        let mut busy: HashSet<String> = HashSet::new();
+        let mut report = self.new_report();
+        let mut window = Instant::now();
         loop {
             if !self.service.store.path().exists() {
                 return Err(format!(
@@ -482,11 +630,23 @@ impl Engine {
                     self.service.store.path().display()
                 ));
             }
-            // Read before the pass: a commit by another process during the pass is noticed.
+            // Read before looking: a commit by another connection meanwhile is noticed.
             let seen = self.service.store.data_version().unwrap_or(0);
-            let report = self.pass().await;
-            for e in &report.errors {
-                tracing::warn!(error = %e, "engine pass");
+            self.housekeeping_if_due(&mut report);
+            self.dispatch(&mut jobs, &mut busy, &mut report).await;
+            let now = self.now();
+            if !report.errors.is_empty()
+                || self
+                    .last_report
+                    .is_none_or(|t| now.since(t) >= HOUSEKEEPING_INTERVAL_MS)
+            {
+                for e in &report.errors {
+                    tracing::warn!(error = %e, "engine pass");
+                }
+                report.took_ms = elapsed_ms(window);
+                self.save_report(&mut report, now);
+                report = self.new_report();
+                window = Instant::now();
             }
             let next_due = self
                 .service
@@ -494,33 +654,48 @@ impl Engine {
                 .read(|tx| tx.next_due(QUEUED_PER_RECIPIENT))
                 .ok()
                 .flatten();
-            let now = millis(self.now());
-            let wait = match next_due {
-                Some(d) => Duration::from_millis(u64::try_from(d - now).unwrap_or(0)).min(interval),
+            let mut wait = match next_due {
+                Some(d) => {
+                    Duration::from_millis(u64::try_from(d - millis(now)).unwrap_or(0)).min(interval)
+                }
                 None => interval,
             };
+            if !jobs.is_empty() {
+                // What is due may belong to a recipient whose job is running: look again
+                // when a job ends or something is committed, not in a spin.
+                wait = wait.max(WATCH_INTERVAL);
+            }
             if wait.is_zero() {
                 // More is due now: only look whether we were asked to stop.
                 tokio::select! {
                     biased;
-                    () = &mut shutdown => return Ok(()),
+                    () = &mut shutdown => return self.stop(jobs).await,
                     () = std::future::ready(()) => continue,
                 }
             }
             let deadline = tokio::time::Instant::now() + wait;
-            loop {
-                if self.service.store.data_version().unwrap_or(seen) != seen {
-                    break;
+            tokio::select! {
+                biased;
+                () = &mut shutdown => return self.stop(jobs).await,
+                Some((svc, recipient, part)) = jobs.next(), if !jobs.is_empty() => {
+                    self.pool.push(svc);
+                    busy.remove(&recipient);
+                    report.absorb(part);
                 }
-                tokio::select! {
-                    biased;
-                    () = &mut shutdown => return Ok(()),
-                    () = tokio::time::sleep(WATCH_INTERVAL) => {}
-                }
-                if tokio::time::Instant::now() >= deadline {
-                    break;
-                }
+                () = watch(&self.service.store, seen, deadline) => {}
             }
         }
+    }
+
+    /// Lets running jobs finish their step for a short while; what is cut off mid-write is
+    /// left as a crash would leave it, for the next engine to settle.
+    async fn stop(&mut self, mut jobs: FuturesUnordered<Job>) -> Result<(), String> {
+        let _ = tokio::time::timeout(STOP_GRACE, async {
+            while let Some((svc, _, _)) = jobs.next().await {
+                self.pool.push(svc);
+            }
+        })
+        .await;
+        Ok(())
     }
 }

@@ -341,6 +341,14 @@ impl Service {
         self.clock.clone()
     }
 
+    /// A second service over the same database and clock, on a connection of its own.
+    pub fn reopen(&self) -> Result<Service, StoreError> {
+        Ok(Service::with_clock(
+            Store::open(self.store.path())?,
+            self.clock.clone(),
+        ))
+    }
+
     // ----- agents -----
 
     pub fn add_agent(

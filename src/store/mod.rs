@@ -811,15 +811,16 @@ impl Tx<'_> {
     /// Due deliveries for one pass, active ones first, then oldest first. Of the deliveries
     /// queued to take a turn (WAITING, BUSY, OWNER_REJECTED) only the oldest few per
     /// recipient are looked at, so a long queue is not re-examined row by row.
-    pub fn due(&self, now: i64, per_recipient: i64, limit: i64) -> Result<Vec<String>> {
-        let mut out: Vec<(i64, i64, String)> = Vec::new();
+    pub fn due(&self, now: i64, per_recipient: i64, limit: i64) -> Result<Vec<(String, String)>> {
+        let mut out: Vec<(i64, i64, String, String)> = Vec::new();
         let mut others = self.tx.prepare_cached(
-            "SELECT message_id, CASE class WHEN 'active' THEN 0 ELSE 1 END, seq FROM deliveries
+            "SELECT message_id, CASE class WHEN 'active' THEN 0 ELSE 1 END, seq, recipient
+             FROM deliveries
              WHERE due_at <= ?1 AND state NOT IN ('WAITING', 'BUSY', 'OWNER_REJECTED')
              ORDER BY due_at LIMIT ?2",
         )?;
         for row in others.query_map(params![now, limit], |r| {
-            Ok((r.get(1)?, r.get(2)?, r.get(0)?))
+            Ok((r.get(1)?, r.get(2)?, r.get(0)?, r.get(3)?))
         })? {
             out.push(row?);
         }
@@ -845,13 +846,13 @@ impl Tx<'_> {
             })? {
                 let (id, seq, due) = row?;
                 if due.is_some_and(|d| d <= now) {
-                    out.push((1, seq, id));
+                    out.push((1, seq, id, r.clone()));
                 }
             }
         }
         out.sort();
         out.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
-        Ok(out.into_iter().map(|(_, _, id)| id).collect())
+        Ok(out.into_iter().map(|(_, _, id, r)| (id, r)).collect())
     }
 
     /// The earliest due time among the deliveries `due` would look at (for the engine's
