@@ -35,10 +35,15 @@ const PASS_DELIVERIES_MAX: i64 = 2_000;
 const QUEUED_PER_RECIPIENT: i64 = 2;
 /// How many recipients are served at once, at most.
 const JOBS_MAX: usize = 64;
+/// How many deliveries one job takes through before it hands back (run mode).
+const JOB_DELIVERIES_MAX: usize = 256;
 /// How often enrolment of stragglers, reminders and the health report run at most.
 const HOUSEKEEPING_INTERVAL_MS: u64 = 1_000;
 /// How often a running engine checks the database for new work.
 const WATCH_INTERVAL: Duration = Duration::from_millis(5);
+/// The same while jobs run: their own commits change the database too, and each look costs
+/// a query, so the engine looks less often (a job that ends wakes it at once).
+const WATCH_INTERVAL_BUSY: Duration = Duration::from_millis(25);
 /// How long a stopping engine lets the turns it is starting finish their step.
 const STOP_GRACE: Duration = Duration::from_secs(10);
 
@@ -165,7 +170,8 @@ impl Engine {
         self.housekeeping_if_due(&mut report);
         let mut jobs = FuturesUnordered::new();
         let mut busy = HashSet::new();
-        self.dispatch(&mut jobs, &mut busy, &mut report).await;
+        self.dispatch(&mut jobs, &mut busy, &mut report, false)
+            .await;
         while let Some((svc, _, part)) = jobs.next().await {
             self.pool.push(svc);
             report.absorb(part);
@@ -219,13 +225,15 @@ impl Engine {
         }
     }
 
-    /// Starts a job for every recipient with due deliveries that has none running yet.
-    /// Returns how many it started.
+    /// Starts a job for every recipient with due deliveries that has none running yet; with
+    /// `follow` a job goes on with what else of its recipient becomes due. Returns how many
+    /// it started.
     async fn dispatch(
         &mut self,
         jobs: &mut FuturesUnordered<Job>,
         busy: &mut HashSet<String>,
         report: &mut PassReport,
+        follow: bool,
     ) -> usize {
         let now = millis(self.now());
         let due = self
@@ -284,6 +292,7 @@ impl Engine {
                 recipient,
                 ids,
                 outage.clone(),
+                follow,
             )));
             started += 1;
         }
@@ -381,32 +390,56 @@ fn elapsed_ms(since: Instant) -> u64 {
     u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
-/// One recipient's deliveries, one after another.
+/// One recipient's deliveries, one after another: those it was given, then whatever else of
+/// this recipient is due by then (a queue drains at the pace of its turns), up to a bound so
+/// that a pass ends.
 async fn serve(
     ctx: Rc<Ctx>,
     mut svc: Service,
     recipient: String,
     ids: Vec<String>,
     outage: Option<String>,
+    follow: bool,
 ) -> (Service, String, PassReport) {
     let mut report = PassReport::default();
-    for id in ids {
+    let mut ids: VecDeque<String> = ids.into();
+    let mut served = 0;
+    while let Some(id) = ids.pop_front() {
         if let Err(e) = deliver(&ctx, &mut svc, &id, outage.as_ref(), &mut report).await {
             report.errors.push(format!("{id}: {e}"));
+        }
+        served += 1;
+        if ids.is_empty() && follow && served < JOB_DELIVERIES_MAX {
+            let now = millis(svc.now());
+            match svc
+                .store
+                .read(|tx| tx.due_for(&recipient, now, QUEUED_PER_RECIPIENT))
+            {
+                Ok(more) => ids.extend(more),
+                Err(e) => report.errors.push(e.to_string()),
+            }
         }
     }
     (svc, recipient, report)
 }
 
+/// What [`apply`] leaves: the record, the effects it asks for, the recipient as registered.
+struct Applied {
+    record: Delivery,
+    effects: Vec<Effect>,
+    agent: Option<AgentRow>,
+}
+
 /// Applies one event to the stored delivery `id` in one transaction: the record as stored
 /// now (a person may have released it meanwhile), `step`, the new record and its event.
+/// Returns the new record, the effects to perform, and the recipient as registered now.
 fn apply(
     ctx: &Ctx,
     svc: &mut Service,
     id: &str,
     report: &mut PassReport,
     event: impl FnOnce(&Tx<'_>) -> Result<EventKind, ServiceError>,
-) -> Result<(Delivery, Vec<Effect>), ServiceError> {
+) -> Result<Applied, ServiceError> {
     let now = svc.now();
     let policy = &ctx.policy;
     let result: Result<_, ServiceError> = svc.store.write(|tx| {
@@ -415,17 +448,17 @@ fn apply(
             .ok_or_else(|| ServiceError::NotFound(format!("no delivery {id}")))?;
         let kind = event(tx)?;
         let step = model::step(row.record.clone(), Event::new(now, kind), policy);
-        if matches!(step.change, Change::Ignored { .. }) {
-            return Ok((step.record, step.effects, None));
-        }
         let agent = tx.agent(&row.recipient)?;
+        if matches!(step.change, Change::Ignored { .. }) {
+            return Ok((step.record, step.effects, agent, None));
+        }
         let due = due_after(policy, &step.record, agent.as_ref(), now);
         if step.change == Change::Unchanged {
             // Nothing to record, but look again later rather than at once.
             if step.effects.is_empty() && row.due_at.is_some_and(|d| d <= millis(now)) {
                 tx.set_due(id, due)?;
             }
-            return Ok((step.record, step.effects, None));
+            return Ok((step.record, step.effects, agent, None));
         }
         tx.save_delivery(id, &step.record, due, millis(now))?;
         let note_changed = step.record.core().note() != row.record.core().note();
@@ -444,13 +477,17 @@ fn apply(
         } else if note_changed && step.record.core().note().is_some() {
             tx.event(millis(now), Some(id), "note", &step.record.detail())?;
         }
-        Ok((step.record, step.effects, Some(step.change)))
+        Ok((step.record, step.effects, agent, Some(step.change)))
     });
-    let (record, effects, change) = result?;
+    let (record, effects, agent, change) = result?;
     if matches!(change, Some(Change::Moved { .. })) {
         report.moved += 1;
     }
-    Ok((record, effects))
+    Ok(Applied {
+        record,
+        effects,
+        agent,
+    })
 }
 
 /// Takes one delivery through as much of SPEC §2.2–2.4 as it can now.
@@ -461,30 +498,31 @@ async fn deliver(
     outage: Option<&String>,
     report: &mut PassReport,
 ) -> Result<(), ServiceError> {
-    let (_, effects) = apply(ctx, svc, id, report, |_| Ok(EventKind::TimePassed))?;
-    let mut queue: VecDeque<Effect> = effects.into();
+    let first = apply(ctx, svc, id, report, |_| Ok(EventKind::TimePassed))?;
+    let mut queue: VecDeque<Effect> = first.effects.into();
     let one_shot = ctx.one_shot;
-    let (record, effects) = apply(ctx, svc, id, report, |tx| {
+    let started = apply(ctx, svc, id, report, |tx| {
         let mut facts = facts(tx, id, one_shot)?;
         facts.outage = outage.cloned();
         Ok(EventKind::PassStarted(facts))
     })?;
-    queue.extend(effects);
+    queue.extend(started.effects);
+    let record = started.record;
     let recipient = record.core().target().agent.as_str().to_owned();
     let adapters = &ctx.adapters;
+    // The recipient as registered when the last step was committed.
+    let mut registered = started.agent;
     while let Some(effect) = queue.pop_front() {
-        let agent = svc.store.read(|tx| tx.agent(&recipient))?;
-        let Some(agent) = agent else {
+        let Some(agent) = registered.take() else {
             // Gone since the pass began: the next pass makes it UNAVAILABLE.
             break;
         };
-        let more = match effect {
+        let next = match effect {
             Effect::CheckActivity => {
                 let activity = adapters.activity(svc, &agent).await;
                 apply(ctx, svc, id, report, |_| {
                     Ok(EventKind::ActivityObserved { activity })
                 })?
-                .1
             }
             Effect::Reserve if ctx.policy.planted(model::PlantedBug::ReserveAfterWrite) => {
                 // The planted bug: write first, commit the reservation afterwards. A kill
@@ -508,7 +546,6 @@ async fn deliver(
                 apply(ctx, svc, id, report, |_| {
                     Ok(EventKind::WriteResult { outcome })
                 })?
-                .1
             }
             Effect::Reserve => {
                 let rcpt = recipient.clone();
@@ -517,7 +554,6 @@ async fn deliver(
                         earlier_active: tx.active_for(&rcpt, id)?.map(model::MessageId::new),
                     })
                 })?
-                .1
             }
             Effect::Prepare => {
                 if let Err(e) = adapters.prepare(&agent) {
@@ -533,31 +569,28 @@ async fn deliver(
                         work_open: facts.work_open,
                     })
                 })?
-                .1
             }
             Effect::Write { request_id, .. } => {
                 let outcome = write_now(ctx, svc, id, &agent, request_id.as_str(), report).await?;
                 apply(ctx, svc, id, report, |_| {
                     Ok(EventKind::WriteResult { outcome })
                 })?
-                .1
             }
             Effect::Observe { request_id } => {
                 let observed = adapters.observe(svc, &agent, request_id.as_str()).await;
                 apply(ctx, svc, id, report, |_| {
                     Ok(EventKind::Observation { observed })
                 })?
-                .1
             }
             Effect::ScanHistory { request_id } => {
                 let scan = adapters.scan(svc, &agent, request_id.as_str()).await;
                 apply(ctx, svc, id, report, |_| {
                     Ok(EventKind::HistoryScan { scan })
                 })?
-                .1
             }
         };
-        queue.extend(more);
+        queue.extend(next.effects);
+        registered = next.agent;
     }
     Ok(())
 }
@@ -594,7 +627,7 @@ async fn write_now(
 }
 
 /// Waits until another connection commits, or `deadline`.
-async fn watch(store: &Store, seen: i64, deadline: tokio::time::Instant) {
+async fn watch(store: &Store, seen: i64, deadline: tokio::time::Instant, every: Duration) {
     loop {
         if store.data_version().unwrap_or(seen) != seen {
             return;
@@ -603,7 +636,7 @@ async fn watch(store: &Store, seen: i64, deadline: tokio::time::Instant) {
         if now >= deadline {
             return;
         }
-        tokio::time::sleep(WATCH_INTERVAL.min(deadline - now)).await;
+        tokio::time::sleep(every.min(deadline - now)).await;
     }
 }
 
@@ -633,7 +666,7 @@ impl Engine {
             // Read before looking: a commit by another connection meanwhile is noticed.
             let seen = self.service.store.data_version().unwrap_or(0);
             self.housekeeping_if_due(&mut report);
-            self.dispatch(&mut jobs, &mut busy, &mut report).await;
+            self.dispatch(&mut jobs, &mut busy, &mut report, true).await;
             let now = self.now();
             if !report.errors.is_empty()
                 || self
@@ -674,6 +707,11 @@ impl Engine {
                 }
             }
             let deadline = tokio::time::Instant::now() + wait;
+            let every = if jobs.is_empty() {
+                WATCH_INTERVAL
+            } else {
+                WATCH_INTERVAL_BUSY
+            };
             tokio::select! {
                 biased;
                 () = &mut shutdown => return self.stop(jobs).await,
@@ -682,7 +720,7 @@ impl Engine {
                     busy.remove(&recipient);
                     report.absorb(part);
                 }
-                () = watch(&self.service.store, seen, deadline) => {}
+                () = watch(&self.service.store, seen, deadline, every) => {}
             }
         }
     }

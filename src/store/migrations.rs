@@ -3,10 +3,11 @@
 //! does not yet build against rusqlite 0.43, and this is twenty lines.
 
 /// The schema version this build writes.
-pub const LATEST: i64 = 1;
+pub const LATEST: i64 = 2;
 
 /// `STEPS[i]` migrates from version `i` to `i + 1`.
-pub const STEPS: [&str; 1] = [r"
+pub const STEPS: [&str; 2] = [
+    r"
 CREATE TABLE agents (
     id TEXT PRIMARY KEY,
     name TEXT NOT NULL,
@@ -99,4 +100,9 @@ CREATE TABLE engine (
     at INTEGER NOT NULL,
     report TEXT NOT NULL
 );
-"];
+",
+    // 1 → 2: the engine serves one recipient at a time and asks for its due deliveries.
+    r"
+CREATE INDEX deliveries_recipient_due ON deliveries (recipient, due_at) WHERE due_at IS NOT NULL;
+",
+];

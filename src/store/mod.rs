@@ -808,6 +808,42 @@ impl Tx<'_> {
             .optional()?)
     }
 
+    /// The due deliveries of one recipient, in the order of [`Tx::due`].
+    pub fn due_for(&self, recipient: &str, now: i64, per_recipient: i64) -> Result<Vec<String>> {
+        let mut out: Vec<(i64, i64, String)> = Vec::new();
+        let mut others = self.tx.prepare_cached(
+            "SELECT message_id, CASE class WHEN 'active' THEN 0 ELSE 1 END, seq FROM deliveries
+             WHERE recipient = ?1 AND due_at <= ?2
+               AND state NOT IN ('WAITING', 'BUSY', 'OWNER_REJECTED')
+             ORDER BY due_at LIMIT 64",
+        )?;
+        for row in others.query_map(params![recipient, now], |r| {
+            Ok((r.get(1)?, r.get(2)?, r.get(0)?))
+        })? {
+            out.push(row?);
+        }
+        let mut heads = self.tx.prepare_cached(
+            "SELECT message_id, seq, due_at FROM deliveries
+             WHERE class = 'pending' AND recipient = ?1
+               AND state IN ('WAITING', 'BUSY', 'OWNER_REJECTED')
+             ORDER BY seq LIMIT ?2",
+        )?;
+        for row in heads.query_map(params![recipient, per_recipient], |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, i64>(1)?,
+                row.get::<_, Option<i64>>(2)?,
+            ))
+        })? {
+            let (id, seq, due) = row?;
+            if due.is_some_and(|d| d <= now) {
+                out.push((1, seq, id));
+            }
+        }
+        out.sort();
+        Ok(out.into_iter().map(|(_, _, id)| id).collect())
+    }
+
     /// Due deliveries for one pass, active ones first, then oldest first. Of the deliveries
     /// queued to take a turn (WAITING, BUSY, OWNER_REJECTED) only the oldest few per
     /// recipient are looked at, so a long queue is not re-examined row by row.
