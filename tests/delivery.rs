@@ -67,6 +67,9 @@ fn sigkill_at_many_moments_loses_nothing_and_doubles_nothing() {
     let script = w.script("rcpt.sh", 5, 0);
     w.add_command_agent("eng", &script);
     w.add_command_agent("rev", &script);
+    // An HTTP recipient too: it takes every POST, so a write repeated with the same request id
+    // shows as a second run even though argv runs refuse a request id they already ran.
+    w.add_http_agent("web");
     let kills: u64 = std::env::var("HANDOFFS_KILLS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -75,7 +78,9 @@ fn sigkill_at_many_moments_loses_nothing_and_doubles_nothing() {
     for k in 0..kills {
         // A send or two, then let the engine run for a few milliseconds and kill it at
         // whatever it was doing: reserving, writing, waiting for the run, recording it.
-        for to in ["eng", "rev"].iter().take(1 + (k % 2) as usize) {
+        let k3 = usize::try_from(k % 3).unwrap();
+        let take = 1 + usize::try_from(k % 2).unwrap();
+        for to in ["eng", "rev", "web"].iter().cycle().skip(k3).take(take) {
             w.ok(&["send", "planner", to, &format!("kill round {k} to {to}")]);
             sent += 1;
         }
@@ -196,4 +201,42 @@ fn an_engine_whose_database_is_deleted_stops_with_one_line() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("is gone"), "{err}");
+}
+
+#[test]
+fn a_command_that_outlives_its_killed_supervisor_keeps_its_recipient_busy() {
+    let w = World::new();
+    w.ok(&["agent", "add", "lead", "--provider", "demo"]);
+    let script = w.script("slow.sh", 2_500, 0);
+    w.add_command_agent("eng", &script);
+    let mut engine = w.spawn_engine();
+    w.ok(&["send", "lead", "eng", "first"]);
+    // Wait for the first run to start, then SIGKILL its supervisor: the command goes on.
+    let start = std::time::Instant::now();
+    while w.runs().is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the first run never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let sups = common::supervisors(&w.db);
+    assert_eq!(sups.len(), 1, "one supervisor: {sups:?}");
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &sups[0].to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    w.ok(&["send", "lead", "eng", "second"]);
+    w.wait_for(Duration::from_secs(60), |c| {
+        c.get("RETURNED").copied().unwrap_or(0) >= 1 && {
+            let runs = w.runs();
+            runs.len() >= 2 && runs.iter().all(|r| r.end.is_some())
+        }
+    });
+    kill9(&mut engine);
+    let runs = w.runs();
+    // The second handoff waited for the orphaned command to end.
+    assert_no_overlap(&runs);
+    assert_one_run_per_request(&runs);
 }

@@ -1,12 +1,16 @@
 //! The command adapter (SPEC §4): either an argv list run once per turn, never through a
 //! shell, or an HTTP endpoint that takes one POST per turn.
 //!
-//! argv mode: each turn runs under `handoffs supervise`, a small detached process that starts
-//! the command, waits for it (killing it after `timeout`), and records its outcome in the
-//! `runs` table. The supervisor holds an exclusive lock on `<db>.runs/<request>.lock` for its
-//! whole life, so anyone can tell a live run from one whose supervisor vanished (reported as
-//! interrupted, never guessed finished). The `runs` table is the recipient's history: a scan
-//! of it is always complete.
+//! argv mode: each turn runs under `handoffs supervise`, a small detached process that records
+//! the run in the `runs` table *before* it starts the command (a request id already there is
+//! never run again), waits for it (killing its whole process group after `timeout`), and
+//! records its outcome. The supervisor holds an exclusive lock on `<db>.runs/<request>.lock`
+//! for its whole life, so anyone can tell a live run from one whose supervisor vanished. If
+//! the supervisor vanished while its command still runs (the command has its own process
+//! group and outlives it), the run still counts as running: the recipient is busy until the
+//! command ends, and past its timeout the engine kills the group. A run that ended without
+//! its supervisor is reported as interrupted, never guessed finished. The `runs` table is the
+//! recipient's history: a scan of it is always complete.
 
 use super::{Adapters, Write};
 use crate::service::Service;
@@ -109,6 +113,40 @@ fn supervisor_alive(db: &Path, request_id: &str) -> bool {
     }
 }
 
+/// Whether the command of `run` is still running although its supervisor is gone: its pid is
+/// alive and still carries this request id in its environment (a reused pid does not).
+/// Past the run's end time the engine kills the command's process group.
+fn orphan_alive(run: &RunRow, now: i64) -> bool {
+    let Some(pid) = run.pid.and_then(|p| i32::try_from(p).ok()) else {
+        return false;
+    };
+    let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
+        return false;
+    };
+    let marker = format!("HANDOFFS_REQUEST_ID={}", run.request_id);
+    let ours = environ
+        .split(|b| *b == 0)
+        .any(|var| var == marker.as_bytes());
+    if ours && run.ends_at.is_some_and(|end| now > end) {
+        kill_group(pid);
+        return false;
+    }
+    ours
+}
+
+/// Kills a command's whole process group (it leads its own group).
+fn kill_group(pid: i32) {
+    let _ = nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+}
+
+/// Whether the run is still going: its supervisor holds the lock, or its command outlived it.
+fn run_alive(db: &Path, run: &RunRow, now: i64) -> bool {
+    supervisor_alive(db, &run.request_id) || orphan_alive(run, now)
+}
+
 fn observed_of(run: &RunRow, alive: bool) -> Observed {
     let turn = TurnId::new(&run.request_id);
     match run.outcome.as_deref() {
@@ -181,7 +219,7 @@ pub async fn activity(adapters: &Adapters, service: &mut Service, agent: &AgentR
         }
     };
     for run in open {
-        if supervisor_alive(&db, &run.request_id) {
+        if run_alive(&db, &run, now) {
             return Activity::Busy {
                 turn: Some(TurnId::new(&run.request_id)),
                 detail: None,
@@ -310,13 +348,14 @@ async fn start_argv(service: &mut Service, w: &Write<'_>, argv: Vec<String>) -> 
                         .unwrap_or_else(|| "the command could not start".to_owned()),
                 };
             }
-            Ok(Some(run)) => {
+            // Recorded and started (or recorded earlier: a request id runs once).
+            Ok(Some(run)) if run.pid.is_some() || run.outcome.is_some() => {
                 return WriteOutcome::Receipt {
                     turn: TurnId::new(&run.request_id),
                     request_id: Some(RequestId::new(&run.request_id)),
                 };
             }
-            Ok(None) => {}
+            Ok(_) => {}
             Err(e) => {
                 return WriteOutcome::Failed {
                     detail: e.to_string(),
@@ -343,7 +382,7 @@ pub async fn observe(
         let now = millis(service.now());
         return match service.store.read(|tx| tx.run(request_id)) {
             Ok(Some(run)) => {
-                let alive = run.outcome.is_none() && supervisor_alive(&db, request_id);
+                let alive = run.outcome.is_none() && run_alive(&db, &run, now);
                 if run.outcome.is_none() && !alive {
                     // The supervisor may have recorded its outcome and let go of the lock
                     // since we read the row: read it again before calling it interrupted.
@@ -420,7 +459,8 @@ pub async fn scan(
         return match service.store.read(|tx| tx.run(request_id)) {
             Ok(Some(run)) if run.outcome.as_deref() != Some("refused") => {
                 let db = service.store.path().to_owned();
-                let alive = run.outcome.is_none() && supervisor_alive(&db, request_id);
+                let now = millis(service.now());
+                let alive = run.outcome.is_none() && run_alive(&db, &run, now);
                 let run = if alive {
                     run
                 } else {
@@ -463,14 +503,7 @@ fn ensure_private_dir(dir: &Path) -> Result<(), String> {
 
 fn write_private(path: &Path, text: &str) -> Result<(), String> {
     use std::io::Write as _;
-    let mut opts = std::fs::OpenOptions::new();
-    opts.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        opts.mode(0o600);
-    }
-    opts.open(path)
+    create_private(path)
         .and_then(|mut f| f.write_all(text.as_bytes()))
         .map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
@@ -499,7 +532,8 @@ fn fill(arg: &str, s: &Supervise) -> String {
 /// Runs one command turn to its end and records the outcome durably. Returns the exit code
 /// the supervisor itself should end with.
 pub async fn supervise(s: Supervise) -> i32 {
-    let Ok(lock) = File::create(lock_path(&s.db, &s.request_id)) else {
+    let lock_file = lock_path(&s.db, &s.request_id);
+    let Ok(lock) = create_private(&lock_file) else {
         return 1;
     };
     if lock.lock().is_err() {
@@ -513,6 +547,25 @@ pub async fn supervise(s: Supervise) -> i32 {
     let Some((program, args)) = argv.split_first() else {
         return 2;
     };
+    let started_at = now();
+    let timeout_ms = i64::try_from(s.timeout_secs.saturating_mul(1_000)).unwrap_or(i64::MAX);
+    let row = RunRow {
+        request_id: s.request_id.clone(),
+        message_id: s.message.clone(),
+        agent: s.agent.clone(),
+        pid: None,
+        started_at,
+        ends_at: Some(started_at.saturating_add(timeout_ms)),
+        ended_at: None,
+        exit_code: None,
+        outcome: None,
+        detail: None,
+    };
+    // Recorded before it starts: a supervisor killed right after the start still leaves a
+    // row, and a request id that is already there is never run a second time.
+    if store.write(|tx| tx.insert_run(&row)).is_err() {
+        return 0;
+    }
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(args)
         .env("HANDOFFS_TEXT_FILE", &s.text_file)
@@ -522,43 +575,31 @@ pub async fn supervise(s: Supervise) -> i32 {
         .env("HANDOFFS_ENDPOINT", &s.endpoint)
         .env("HANDOFFS_DB", &s.db)
         .stdin(std::process::Stdio::null())
-        .kill_on_drop(true);
+        // Its own process group: a timeout kills everything the command started.
+        .process_group(0)
+        .kill_on_drop(false);
     if !s.cwd.is_empty() {
         cmd.current_dir(&s.cwd);
     }
     let log = runs_dir(&s.db).join(format!("{}.log", s.request_id));
-    if let Ok(f) = File::create(&log)
+    if let Ok(f) = create_private(&log)
         && let Ok(g) = f.try_clone()
     {
         cmd.stdout(f).stderr(g);
     }
-    let mut row = RunRow {
-        request_id: s.request_id.clone(),
-        message_id: s.message.clone(),
-        agent: s.agent.clone(),
-        pid: None,
-        started_at: now(),
-        ends_at: None,
-        ended_at: None,
-        exit_code: None,
-        outcome: None,
-        detail: None,
-    };
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
-            row.outcome = Some("refused".to_owned());
-            row.detail = Some(format!("could not start {program}: {e}"));
-            row.ended_at = Some(now());
-            let _ = store.write(|tx| tx.insert_run(&row));
-            let _ = std::fs::remove_file(&s.text_file);
+            let detail = format!("could not start {program}: {e}");
+            let _ = store
+                .write(|tx| tx.finish_run(&s.request_id, now(), None, "refused", Some(&detail)));
+            cleanup(&s, &lock_file, &log);
             return 0;
         }
     };
-    row.pid = child.id().map(i64::from);
-    if store.write(|tx| tx.insert_run(&row)).is_err() {
-        let _ = child.kill().await;
-        return 1;
+    let pid = child.id().and_then(|p| i32::try_from(p).ok());
+    if let Some(pid) = pid {
+        let _ = store.write(|tx| tx.set_run_pid(&s.request_id, i64::from(pid)));
     }
     let waited = tokio::time::timeout(Duration::from_secs(s.timeout_secs), child.wait()).await;
     let (code, outcome, detail) = match waited {
@@ -573,7 +614,10 @@ pub async fn supervise(s: Supervise) -> i32 {
         },
         Ok(Err(e)) => (None, "errored", Some(format!("wait failed: {e}"))),
         Err(_) => {
-            let _ = child.kill().await;
+            if let Some(pid) = pid {
+                kill_group(pid);
+            }
+            let _ = child.wait().await;
             (
                 None,
                 "errored",
@@ -582,7 +626,29 @@ pub async fn supervise(s: Supervise) -> i32 {
         }
     };
     let _ = store.write(|tx| tx.finish_run(&s.request_id, now(), code, outcome, detail.as_deref()));
-    let _ = std::fs::remove_file(&s.text_file);
+    cleanup(&s, &lock_file, &log);
     drop(lock);
     0
+}
+
+/// Removes a finished run's files: its text, its lock (the outcome is recorded, so nobody
+/// needs to ask the lock any more) and its log when the command printed nothing.
+fn cleanup(s: &Supervise, lock_file: &Path, log: &Path) {
+    let _ = std::fs::remove_file(&s.text_file);
+    let _ = std::fs::remove_file(lock_file);
+    if std::fs::metadata(log).is_ok_and(|m| m.len() == 0) {
+        let _ = std::fs::remove_file(log);
+    }
+}
+
+/// Creates (or truncates) a file only its owner can read.
+fn create_private(path: &Path) -> std::io::Result<File> {
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    opts.open(path)
 }

@@ -116,10 +116,14 @@ impl Engine {
     /// Takes the engine lock of the database; `Err(Busy)` when another engine holds it.
     pub fn new(service: Service, one_shot: bool) -> Result<Engine, EngineError> {
         let path = sibling(service.store.path(), ".engine");
-        let file = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
+        let mut options = File::options();
+        options.create(true).truncate(false).write(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            options.mode(0o600);
+        }
+        let file = options
             .open(&path)
             .map_err(|e| EngineError::Io(format!("cannot open {}: {e}", path.display())))?;
         match file.try_lock() {

@@ -1011,6 +1011,15 @@ impl Tx<'_> {
             .optional()?)
     }
 
+    /// Records the pid of a run's command once it started.
+    pub fn set_run_pid(&self, request_id: &str, pid: i64) -> Result<()> {
+        self.tx.execute(
+            "UPDATE runs SET pid = ?2 WHERE request_id = ?1",
+            params![request_id, pid],
+        )?;
+        Ok(())
+    }
+
     pub fn open_runs_for(&self, agent: &str) -> Result<Vec<RunRow>> {
         let mut st = self.tx.prepare_cached(&format!(
             "SELECT {RUN_COLS} FROM runs WHERE agent = ?1 AND outcome IS NULL ORDER BY started_at"

@@ -89,6 +89,25 @@ impl World {
         path
     }
 
+    /// A recipient in the command adapter's HTTP mode, served from this test process: every
+    /// POST is a whole turn, logged as a `start`/`end` pair in the same run log as the
+    /// scripts (a request id POSTed twice shows as two runs); its status URL answers
+    /// `returned` for a request id it took and 404 for one it never saw.
+    pub fn add_http_agent(&self, id: &str) {
+        let url = http_recipient(self.log.clone());
+        self.ok(&[
+            "agent",
+            "add",
+            id,
+            "--provider",
+            "command",
+            "--set",
+            &format!("url={url}"),
+            "--set",
+            &format!("status_url={url}status/{{request_id}}"),
+        ]);
+    }
+
     pub fn add_command_agent(&self, id: &str, script: &Path) {
         let command = format!("command=[\"{}\",\"{{request_id}}\"]", script.display());
         self.ok(&[
@@ -263,4 +282,91 @@ pub fn kill9(engine: &mut Engine) {
     // SIGKILL: std's kill() sends SIGKILL on Unix.
     let _ = engine.0.kill();
     let _ = engine.0.wait();
+}
+
+/// Serves POSTs on a loopback port until the test process ends; returns the URL.
+fn http_recipient(log: PathBuf) -> String {
+    use std::io::Write as _;
+    let log = std::sync::Arc::new(std::sync::Mutex::new(log));
+    let seen: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>> =
+        std::sync::Arc::default();
+    let seen2 = seen.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let app = axum::Router::new()
+                .route(
+                    "/",
+                    axum::routing::post(move |body: axum::Json<Value>| {
+                        let log = log.clone();
+                        let seen = seen.clone();
+                        async move {
+                            let req = body["request_id"].as_str().unwrap_or("?").to_owned();
+                            seen.lock().unwrap().insert(req.clone());
+                            let agent = body["agent"].as_str().unwrap_or("?").to_owned();
+                            let ns = std::time::SystemTime::now()
+                                .duration_since(std::time::UNIX_EPOCH)
+                                .unwrap()
+                                .as_nanos();
+                            let path = log.lock().unwrap();
+                            let mut f = std::fs::OpenOptions::new()
+                                .create(true)
+                                .append(true)
+                                .open(&*path)
+                                .unwrap();
+                            writeln!(f, "start {req} {ns} {agent}\nend {req} {ns} {agent}")
+                                .unwrap();
+                            "{}"
+                        }
+                    }),
+                )
+                .route(
+                    "/status/{request_id}",
+                    axum::routing::get(
+                        move |axum::extract::Path(req): axum::extract::Path<String>| {
+                            let known = seen2.lock().unwrap().contains(&req);
+                            async move {
+                                if known {
+                                    (axum::http::StatusCode::OK, r#"{"status":"returned"}"#)
+                                } else {
+                                    (axum::http::StatusCode::NOT_FOUND, "{}")
+                                }
+                            }
+                        },
+                    ),
+                );
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            axum::serve(listener, app).await.unwrap();
+        });
+    });
+    let addr = rx.recv().expect("recipient address");
+    format!("http://{addr}/")
+}
+
+/// The pids of this database's run supervisors (`handoffs supervise`), from /proc.
+pub fn supervisors(db: &Path) -> Vec<i32> {
+    let db = std::fs::canonicalize(db).unwrap_or_else(|_| db.to_owned());
+    let needle = db.to_string_lossy().into_owned();
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if args.iter().any(|a| a == "supervise") && args.iter().any(|a| *a == needle) {
+            pids.push(pid);
+        }
+    }
+    pids
 }
