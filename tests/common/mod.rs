@@ -364,7 +364,7 @@ pub fn supervisors(db: &Path) -> Vec<i32> {
             .split(|b| *b == 0)
             .map(|a| String::from_utf8_lossy(a).into_owned())
             .collect();
-        if args.iter().any(|a| a == "supervise") && args.iter().any(|a| *a == needle) {
+        if args.iter().any(|a| a == "supervise") && args.contains(&needle) {
             pids.push(pid);
         }
     }
