@@ -180,7 +180,7 @@ fn refusals_exit_1_with_one_line() {
         1,
         "already closed",
     );
-    assert_fails(&w, &["release", "ffffffffffff"], 1, "no message");
+    assert_fails(&w, &["release", "ffffffffffff"], 1, "no delivery");
     assert_eq!(
         w.json(&["inbox", "b", "--all"]).as_array().unwrap().len(),
         1
@@ -332,4 +332,26 @@ fn a_message_can_come_from_stdin_and_help_works_everywhere() {
         );
     }
     assert!(w.ok(&["--version"]).starts_with("handoffs "));
+}
+
+#[test]
+fn config_json_shows_every_key_and_status_of_an_undelivered_message_says_why() {
+    let w = World::new();
+    let all = w.json(&["config"]);
+    for key in ["enabled", "enabledAfter", "connections", "outageGuard"] {
+        assert!(all.get(key).is_some(), "{key} missing from {all}");
+    }
+    assert_eq!(all["enabled"], true);
+    w.ok(&["agent", "add", "a", "--provider", "demo"]);
+    w.ok(&["agent", "add", "b", "--provider", "demo"]);
+    // Delivery enabled only from a future moment: a message sent now is never enrolled.
+    w.ok(&["config", "enabledAfter", "4102444800000"]);
+    let sent = w.json(&["send", "a", "b", "before delivery starts"]);
+    assert_eq!(sent["delivery_state"], serde_json::Value::Null);
+    let id = sent["message"]["id"].as_str().unwrap().to_owned();
+    let out = w.run(&["status", &id]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("has no delivery"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
 }

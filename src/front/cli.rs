@@ -360,8 +360,7 @@ pub fn run(cli: &Cli) -> Result<(), Failure> {
                     let map: serde_json::Map<String, Value> = all.iter().cloned().collect();
                     emit(cli, &map, || {
                         let mut out = String::new();
-                        for k in ["enabled", "enabledAfter", "connections", "outageGuard"] {
-                            let v = s.config_get(k).unwrap_or(Value::Null);
+                        for (k, v) in &all {
                             out.push_str(&format!("{k} = {v}\n"));
                         }
                         out

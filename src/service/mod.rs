@@ -456,8 +456,18 @@ impl Service {
 
     // ----- config -----
 
+    /// Every key with its value, the default where none was set.
     pub fn config(&mut self) -> Result<Vec<(String, Value)>> {
-        self.store.read(|tx| Ok(tx.all_config()?))
+        self.store.read(|tx| {
+            let mut out = Vec::new();
+            for key in CONFIG_KEYS {
+                out.push((
+                    key.to_owned(),
+                    tx.config(key)?.unwrap_or_else(|| config_default(key)),
+                ));
+            }
+            Ok(out)
+        })
     }
 
     pub fn config_get(&mut self, key: &str) -> Result<Value> {
@@ -609,6 +619,16 @@ impl Service {
                 "{given:?} is too short: give the full id or at least {ID_PREFIX_MIN} characters"
             )),
             [one] => Ok(one.clone()),
+            [] if table == IdTable::Deliveries => {
+                // A message that exists but has no delivery deserves a better word.
+                match self.resolve(IdTable::Messages, given) {
+                    Ok(m) => Err(ServiceError::NotFound(format!(
+                        "message {m} has no delivery: a notification is never a turn, and a \
+                         message sent before delivery was enabled is never enrolled"
+                    ))),
+                    Err(_) => Err(ServiceError::NotFound(format!("no delivery {given:?}"))),
+                }
+            }
             [] => Err(ServiceError::NotFound(format!("no message {given:?}"))),
             _ => usage(format!(
                 "{given:?} matches more than one message; give more characters"

@@ -478,19 +478,6 @@ impl Tx<'_> {
         Ok(())
     }
 
-    pub fn all_config(&self) -> Result<Vec<(String, Value)>> {
-        let mut st = self
-            .tx
-            .prepare_cached("SELECT key, value FROM config ORDER BY key")?;
-        let rows = st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
-        let mut out = Vec::new();
-        for row in rows {
-            let (k, v) = row?;
-            out.push((k, serde_json::from_str(&v).unwrap_or(Value::Null)));
-        }
-        Ok(out)
-    }
-
     // ----- agents and connections -----
 
     pub fn agent(&self, id: &str) -> Result<Option<AgentRow>> {
@@ -1075,7 +1062,7 @@ impl Tx<'_> {
 }
 
 /// Which table an id prefix is resolved in.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IdTable {
     Messages,
     Deliveries,
