@@ -42,14 +42,14 @@ async fn overdue_work_reminds_its_sender_exactly_once_without_waking_anyone() {
     assert_eq!(engine.pass().await.reminders, 1);
     clock.fetch_add(60 * 60_000, Ordering::SeqCst);
     assert_eq!(engine.pass().await.reminders, 0, "exactly once");
-    let inbox = engine.service.inbox("lead", true, 10).unwrap();
+    let inbox = engine.service().inbox("lead", true, 10).unwrap();
     assert_eq!(inbox.len(), 1);
     assert_eq!(
         inbox[0].intent, "notification",
         "a reminder never starts a turn"
     );
     assert_eq!(inbox[0].work_id.as_deref(), Some(sent.message.id.as_str()));
-    let overview = engine.service.overview(10).unwrap();
+    let overview = engine.service().overview(10).unwrap();
     let lead_deliveries = overview
         .in_flight
         .iter()
@@ -85,7 +85,7 @@ async fn a_recipient_with_a_long_queue_drains_at_the_pace_of_its_turns() {
     loop {
         let r = engine.pass().await;
         passes += 1;
-        let counts = engine.service.overview(1).unwrap().counts;
+        let counts = engine.service().overview(1).unwrap().counts;
         let returned = counts
             .iter()
             .find(|(s, _)| s == "RETURNED")
@@ -100,7 +100,7 @@ async fn a_recipient_with_a_long_queue_drains_at_the_pace_of_its_turns() {
         // One simulated second per pass: each turn takes one second.
         clock.fetch_add(1_000, Ordering::SeqCst);
         if passes == 50 {
-            events_before = engine.service.events_after(0, 1_000_000).unwrap().len();
+            events_before = engine.service().events_after(0, 1_000_000).unwrap().len();
         }
     }
     // Two passes per turn at most (write, then observe); a queued row gains no event per pass.
@@ -108,7 +108,7 @@ async fn a_recipient_with_a_long_queue_drains_at_the_pace_of_its_turns() {
         passes <= 2 * 200 + 5,
         "{passes} passes for 200 one-second turns"
     );
-    let events = engine.service.events_after(0, 1_000_000).unwrap().len();
+    let events = engine.service().events_after(0, 1_000_000).unwrap().len();
     assert!(
         events < 200 * 8,
         "{events} events for 200 deliveries (linear, not quadratic)"

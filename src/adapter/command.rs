@@ -18,6 +18,7 @@ use crate::store::{AgentRow, RunRow, Store, millis, sibling};
 use model::states::TurnFailure;
 use model::{Activity, Observed, RequestId, ScanResult, TurnId, WriteOutcome};
 use serde_json::{Value, json};
+use std::cell::RefCell;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -179,7 +180,11 @@ fn mark_interrupted(store: &mut Store, run: &RunRow, now: i64) {
     });
 }
 
-pub async fn activity(adapters: &Adapters, service: &mut Service, agent: &AgentRow) -> Activity {
+pub async fn activity(
+    adapters: &Adapters,
+    service: &RefCell<Service>,
+    agent: &AgentRow,
+) -> Activity {
     if argv(agent).is_none() {
         let Some(u) = url(agent, "activity_url") else {
             return Activity::Idle;
@@ -208,6 +213,8 @@ pub async fn activity(adapters: &Adapters, service: &mut Service, agent: &AgentR
             },
         };
     }
+    // From here on nothing awaits: the service stays borrowed.
+    let mut service = service.borrow_mut();
     let db = service.store.path().to_owned();
     let now = millis(service.now());
     let open = match service.store.read(|tx| tx.open_runs_for(&agent.id)) {
@@ -230,7 +237,7 @@ pub async fn activity(adapters: &Adapters, service: &mut Service, agent: &AgentR
     Activity::Idle
 }
 
-pub async fn start(adapters: &Adapters, service: &mut Service, w: &Write<'_>) -> WriteOutcome {
+pub async fn start(adapters: &Adapters, service: &RefCell<Service>, w: &Write<'_>) -> WriteOutcome {
     if let Some(argv) = argv(w.agent) {
         return start_argv(service, w, argv).await;
     }
@@ -274,7 +281,7 @@ pub async fn start(adapters: &Adapters, service: &mut Service, w: &Write<'_>) ->
     }
 }
 
-async fn start_argv(service: &mut Service, w: &Write<'_>, argv: Vec<String>) -> WriteOutcome {
+async fn start_argv(service: &RefCell<Service>, w: &Write<'_>, argv: Vec<String>) -> WriteOutcome {
     let dir = runs_dir(w.db);
     if let Err(e) = ensure_private_dir(&dir) {
         return WriteOutcome::Refused { detail: e };
@@ -340,7 +347,8 @@ async fn start_argv(service: &mut Service, w: &Write<'_>, argv: Vec<String>) -> 
     });
     let deadline = std::time::Instant::now() + START_WAIT;
     loop {
-        match service.store.read(|tx| tx.run(w.request_id)) {
+        let found = service.borrow_mut().store.read(|tx| tx.run(w.request_id));
+        match found {
             Ok(Some(run)) if run.outcome.as_deref() == Some("refused") => {
                 return WriteOutcome::Refused {
                     detail: run
@@ -373,11 +381,13 @@ async fn start_argv(service: &mut Service, w: &Write<'_>, argv: Vec<String>) -> 
 
 pub async fn observe(
     adapters: &Adapters,
-    service: &mut Service,
+    service: &RefCell<Service>,
     agent: &AgentRow,
     request_id: &str,
 ) -> Observed {
     if argv(agent).is_some() {
+        // Nothing awaits in argv mode: the service stays borrowed.
+        let mut service = service.borrow_mut();
         let db = service.store.path().to_owned();
         let now = millis(service.now());
         return match service.store.read(|tx| tx.run(request_id)) {
@@ -451,11 +461,12 @@ async fn http_status(adapters: &Adapters, status_url: &str, request_id: &str) ->
 
 pub async fn scan(
     adapters: &Adapters,
-    service: &mut Service,
+    service: &RefCell<Service>,
     agent: &AgentRow,
     request_id: &str,
 ) -> ScanResult {
     if argv(agent).is_some() {
+        let mut service = service.borrow_mut();
         return match service.store.read(|tx| tx.run(request_id)) {
             Ok(Some(run)) if run.outcome.as_deref() != Some("refused") => {
                 let db = service.store.path().to_owned();

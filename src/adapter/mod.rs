@@ -10,6 +10,7 @@ use crate::service::Service;
 use crate::store::{AgentRow, MessageRow};
 use model::{Activity, Observed, Provider, ScanResult, WriteOutcome};
 use serde_json::Value;
+use std::cell::RefCell;
 use std::path::Path;
 
 /// What a write needs to know.
@@ -51,10 +52,10 @@ impl Adapters {
     }
 
     /// Whether the recipient is idle, busy, or cannot be verified.
-    pub async fn activity(&self, service: &mut Service, agent: &AgentRow) -> Activity {
+    pub async fn activity(&self, service: &RefCell<Service>, agent: &AgentRow) -> Activity {
         match Self::provider(agent) {
             Some(Provider::Command) => command::activity(self, service, agent).await,
-            Some(Provider::Demo) => demo::activity(service, agent),
+            Some(Provider::Demo) => demo::activity(&mut service.borrow_mut(), agent),
             Some(p) => Activity::Unknown {
                 detail: format!("the {} adapter is not available in this build", p.as_str()),
             },
@@ -70,10 +71,10 @@ impl Adapters {
     }
 
     /// Writes one turn, once.
-    pub async fn start(&self, service: &mut Service, w: &Write<'_>) -> WriteOutcome {
+    pub async fn start(&self, service: &RefCell<Service>, w: &Write<'_>) -> WriteOutcome {
         match Self::provider(w.agent) {
             Some(Provider::Command) => command::start(self, service, w).await,
-            Some(Provider::Demo) => demo::start(service, w),
+            Some(Provider::Demo) => demo::start(&mut service.borrow_mut(), w),
             _ => WriteOutcome::Refused {
                 detail: format!("no adapter for provider {:?}", w.agent.provider),
             },
@@ -83,13 +84,13 @@ impl Adapters {
     /// What became of `request_id`.
     pub async fn observe(
         &self,
-        service: &mut Service,
+        service: &RefCell<Service>,
         agent: &AgentRow,
         request_id: &str,
     ) -> Observed {
         match Self::provider(agent) {
             Some(Provider::Command) => command::observe(self, service, agent, request_id).await,
-            Some(Provider::Demo) => demo::observe(service, agent, request_id),
+            Some(Provider::Demo) => demo::observe(&mut service.borrow_mut(), agent, request_id),
             _ => Observed::Unreachable {
                 detail: format!("no adapter for provider {:?}", agent.provider),
             },
@@ -99,13 +100,13 @@ impl Adapters {
     /// Searches the recipient's history for `request_id`.
     pub async fn scan(
         &self,
-        service: &mut Service,
+        service: &RefCell<Service>,
         agent: &AgentRow,
         request_id: &str,
     ) -> ScanResult {
         match Self::provider(agent) {
             Some(Provider::Command) => command::scan(self, service, agent, request_id).await,
-            Some(Provider::Demo) => demo::scan(service, request_id),
+            Some(Provider::Demo) => demo::scan(&mut service.borrow_mut(), request_id),
             _ => ScanResult::NothingFound { complete: false },
         }
     }

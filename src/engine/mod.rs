@@ -3,11 +3,12 @@
 //! gathered, commits the result in one short transaction, and only then performs the effect the
 //! step asked for (commit before effect). It holds no delivery rule of its own.
 //!
-//! Recipients are served concurrently, each by one job on a connection of its own, and the
-//! deliveries of one recipient one after another: a slow or waiting recipient never holds up
-//! the others, and a recipient never sees two of our writes at once. The jobs run on the
-//! engine's own task (no threads): their transactions never interleave, their waits on agents
-//! do.
+//! Recipients are served concurrently, each by one job, and the deliveries of one recipient
+//! one after another: a slow or waiting recipient never holds up the others, and a recipient
+//! never sees two of our writes at once. The jobs run on the engine's own task (no threads)
+//! and share its one SQLite connection (a connection per job would empty every other job's
+//! page cache on each commit): a transaction is synchronous, so transactions never
+//! interleave while the waits on agents do.
 //!
 //! Only one engine delivers per database: it holds an exclusive lock on `<db>.engine` for its
 //! whole life (released by the OS if it is killed); another engine skips its pass and says so.
@@ -16,7 +17,7 @@ pub mod outage;
 
 use crate::adapter::{Adapters, Write};
 use crate::service::{self, Service, ServiceError, card};
-use crate::store::{AgentRow, Store, Tx, millis, sibling};
+use crate::store::{AgentRow, Tx, millis, sibling};
 use futures_util::StreamExt;
 use futures_util::future::LocalBoxFuture;
 use futures_util::stream::FuturesUnordered;
@@ -24,6 +25,7 @@ use model::states::BusyReason;
 use model::{Change, Delivery, Effect, Event, EventKind, Millis, PassFacts, Policy};
 use serde::Serialize;
 use serde_json::Value;
+use std::cell::{RefCell, RefMut};
 use std::collections::{HashSet, VecDeque};
 use std::fs::File;
 use std::rc::Rc;
@@ -79,15 +81,16 @@ struct Ctx {
     one_shot: bool,
 }
 
-/// One recipient's job: hands back its connection, the recipient and what it did.
-type Job = LocalBoxFuture<'static, (Service, String, PassReport)>;
+/// One recipient's job: hands back the recipient and what it did.
+type Job = LocalBoxFuture<'static, (String, PassReport)>;
+
+/// The service every job shares (one connection, borrowed only for synchronous work).
+type Shared = Rc<RefCell<Service>>;
 
 /// The engine over one database.
 pub struct Engine {
-    pub service: Service,
+    service: Shared,
     ctx: Rc<Ctx>,
-    /// Connections of finished jobs, for the next ones.
-    pool: Vec<Service>,
     guard: outage::OutageGuard,
     /// When enrolment and reminders last ran, and when a report was last saved.
     last_housekeeping: Option<Millis>,
@@ -116,6 +119,7 @@ impl Engine {
     /// Takes the engine lock of the database; `Err(Busy)` when another engine holds it.
     pub fn new(service: Service, one_shot: bool) -> Result<Engine, EngineError> {
         let path = sibling(service.store.path(), ".engine");
+        let service = Rc::new(RefCell::new(service));
         let mut options = File::options();
         options.create(true).truncate(false).write(true);
         #[cfg(unix)]
@@ -143,7 +147,6 @@ impl Engine {
                 policy: Policy::default(),
                 one_shot,
             }),
-            pool: Vec::new(),
             guard: outage::OutageGuard::default(),
             last_housekeeping: None,
             last_report: None,
@@ -163,7 +166,12 @@ impl Engine {
     }
 
     fn now(&self) -> Millis {
-        self.service.now()
+        self.service.borrow().now()
+    }
+
+    /// The engine's service (tests and the fronts read through it between passes).
+    pub fn service(&self) -> RefMut<'_, Service> {
+        self.service.borrow_mut()
     }
 
     /// One bounded pass: housekeeping, then every due delivery once, recipients concurrently.
@@ -176,8 +184,7 @@ impl Engine {
         let mut busy = HashSet::new();
         self.dispatch(&mut jobs, &mut busy, &mut report, false)
             .await;
-        while let Some((svc, _, part)) = jobs.next().await {
-            self.pool.push(svc);
+        while let Some((_, part)) = jobs.next().await {
             report.absorb(part);
         }
         report.took_ms = elapsed_ms(started);
@@ -204,7 +211,12 @@ impl Engine {
         self.last_report = Some(at);
         let value = serde_json::to_value(&*report).unwrap_or(Value::Null);
         let at = report.at;
-        if let Err(e) = self.service.store.write(|tx| tx.save_report(at, &value)) {
+        if let Err(e) = self
+            .service
+            .borrow_mut()
+            .store
+            .write(|tx| tx.save_report(at, &value))
+        {
             report.errors.push(e.to_string());
         }
     }
@@ -242,6 +254,7 @@ impl Engine {
         let now = millis(self.now());
         let due = self
             .service
+            .borrow_mut()
             .store
             .read(|tx| tx.due(now, QUEUED_PER_RECIPIENT, PASS_DELIVERIES_MAX));
         let due = match due {
@@ -267,6 +280,7 @@ impl Engine {
         }
         let config = self
             .service
+            .borrow_mut()
             .store
             .read(|tx| tx.config("outageGuard"))
             .ok()
@@ -278,21 +292,11 @@ impl Engine {
             if jobs.len() >= JOBS_MAX {
                 break;
             }
-            let svc = match self.pool.pop() {
-                Some(svc) => svc,
-                None => match self.service.reopen() {
-                    Ok(svc) => svc,
-                    Err(e) => {
-                        report.errors.push(e.to_string());
-                        break;
-                    }
-                },
-            };
             report.looked_at += ids.len();
             busy.insert(recipient.clone());
             jobs.push(Box::pin(serve(
                 self.ctx.clone(),
-                svc,
+                self.service.clone(),
                 recipient,
                 ids,
                 outage.clone(),
@@ -307,7 +311,7 @@ impl Engine {
     /// non-waking notification).
     fn housekeeping(&mut self) -> Result<(usize, usize), ServiceError> {
         let now = self.now();
-        self.service.store.write(|tx| {
+        self.service.borrow_mut().store.write(|tx| {
             let after = service::enabled_after(tx)?;
             let mut enrolled = 0;
             for m in tx.unenrolled(after, 1_000)? {
@@ -399,32 +403,34 @@ fn elapsed_ms(since: Instant) -> u64 {
 /// that a pass ends.
 async fn serve(
     ctx: Rc<Ctx>,
-    mut svc: Service,
+    svc: Shared,
     recipient: String,
     ids: Vec<String>,
     outage: Option<String>,
     follow: bool,
-) -> (Service, String, PassReport) {
+) -> (String, PassReport) {
     let mut report = PassReport::default();
     let mut ids: VecDeque<String> = ids.into();
     let mut served = 0;
     while let Some(id) = ids.pop_front() {
-        if let Err(e) = deliver(&ctx, &mut svc, &id, outage.as_ref(), &mut report).await {
+        if let Err(e) = deliver(&ctx, &svc, &id, outage.as_ref(), &mut report).await {
             report.errors.push(format!("{id}: {e}"));
         }
         served += 1;
         if ids.is_empty() && follow && served < JOB_DELIVERIES_MAX {
-            let now = millis(svc.now());
-            match svc
-                .store
-                .read(|tx| tx.due_for(&recipient, now, QUEUED_PER_RECIPIENT))
-            {
+            let more = {
+                let mut s = svc.borrow_mut();
+                let now = millis(s.now());
+                s.store
+                    .read(|tx| tx.due_for(&recipient, now, QUEUED_PER_RECIPIENT))
+            };
+            match more {
                 Ok(more) => ids.extend(more),
                 Err(e) => report.errors.push(e.to_string()),
             }
         }
     }
-    (svc, recipient, report)
+    (recipient, report)
 }
 
 /// What [`apply`] leaves: the record, the effects it asks for, the recipient as registered.
@@ -439,11 +445,12 @@ struct Applied {
 /// Returns the new record, the effects to perform, and the recipient as registered now.
 fn apply(
     ctx: &Ctx,
-    svc: &mut Service,
+    svc: &RefCell<Service>,
     id: &str,
     report: &mut PassReport,
     event: impl FnOnce(&Tx<'_>) -> Result<EventKind, ServiceError>,
 ) -> Result<Applied, ServiceError> {
+    let mut svc = svc.borrow_mut();
     let now = svc.now();
     let policy = &ctx.policy;
     let result: Result<_, ServiceError> = svc.store.write(|tx| {
@@ -497,7 +504,7 @@ fn apply(
 /// Takes one delivery through as much of SPEC §2.2–2.4 as it can now.
 async fn deliver(
     ctx: &Ctx,
-    svc: &mut Service,
+    svc: &RefCell<Service>,
     id: &str,
     outage: Option<&String>,
     report: &mut PassReport,
@@ -602,13 +609,13 @@ async fn deliver(
 /// Hands one write to the adapter: the card for the message, with `request_id`.
 async fn write_now(
     ctx: &Ctx,
-    svc: &mut Service,
+    svc: &RefCell<Service>,
     id: &str,
     agent: &AgentRow,
     request_id: &str,
     report: &mut PassReport,
 ) -> Result<model::WriteOutcome, ServiceError> {
-    let (message, work) = svc.store.read(|tx| {
+    let (message, work) = svc.borrow_mut().store.read(|tx| {
         let m = tx.message(id)?;
         let w = match m.as_ref().and_then(|m| m.work_id.clone()) {
             Some(w) => tx.work(&w)?,
@@ -618,7 +625,7 @@ async fn write_now(
     })?;
     let message = message.ok_or_else(|| ServiceError::NotFound(format!("message {id} is gone")))?;
     let text = card::card(&message, work.as_ref());
-    let db = svc.store.path().to_owned();
+    let db = svc.borrow().store.path().to_owned();
     let write = Write {
         db: &db,
         agent,
@@ -631,9 +638,10 @@ async fn write_now(
 }
 
 /// Waits until another connection commits, or `deadline`.
-async fn watch(store: &Store, seen: i64, deadline: tokio::time::Instant, every: Duration) {
+async fn watch(svc: &RefCell<Service>, seen: i64, deadline: tokio::time::Instant, every: Duration) {
     loop {
-        if store.data_version().unwrap_or(seen) != seen {
+        let version = svc.borrow().store.data_version();
+        if version.unwrap_or(seen) != seen {
             return;
         }
         let now = tokio::time::Instant::now();
@@ -661,14 +669,15 @@ impl Engine {
         let mut report = self.new_report();
         let mut window = Instant::now();
         loop {
-            if !self.service.store.path().exists() {
+            let path = self.service.borrow().store.path().to_owned();
+            if !path.exists() {
                 return Err(format!(
                     "the database {} is gone; the engine stops",
-                    self.service.store.path().display()
+                    path.display()
                 ));
             }
             // Read before looking: a commit by another connection meanwhile is noticed.
-            let seen = self.service.store.data_version().unwrap_or(0);
+            let seen = self.service.borrow().store.data_version().unwrap_or(0);
             self.housekeeping_if_due(&mut report);
             self.dispatch(&mut jobs, &mut busy, &mut report, true).await;
             let now = self.now();
@@ -687,6 +696,7 @@ impl Engine {
             }
             let next_due = self
                 .service
+                .borrow_mut()
                 .store
                 .read(|tx| tx.next_due(QUEUED_PER_RECIPIENT))
                 .ok()
@@ -719,12 +729,11 @@ impl Engine {
             tokio::select! {
                 biased;
                 () = &mut shutdown => return self.stop(jobs).await,
-                Some((svc, recipient, part)) = jobs.next(), if !jobs.is_empty() => {
-                    self.pool.push(svc);
+                Some((recipient, part)) = jobs.next(), if !jobs.is_empty() => {
                     busy.remove(&recipient);
                     report.absorb(part);
                 }
-                () = watch(&self.service.store, seen, deadline, every) => {}
+                () = watch(&self.service, seen, deadline, every) => {}
             }
         }
     }
@@ -732,12 +741,8 @@ impl Engine {
     /// Lets running jobs finish their step for a short while; what is cut off mid-write is
     /// left as a crash would leave it, for the next engine to settle.
     async fn stop(&mut self, mut jobs: FuturesUnordered<Job>) -> Result<(), String> {
-        let _ = tokio::time::timeout(STOP_GRACE, async {
-            while let Some((svc, _, _)) = jobs.next().await {
-                self.pool.push(svc);
-            }
-        })
-        .await;
+        let _ =
+            tokio::time::timeout(STOP_GRACE, async { while jobs.next().await.is_some() {} }).await;
         Ok(())
     }
 }
