@@ -12,6 +12,7 @@
 //! its supervisor is reported as interrupted, never guessed finished. The `runs` table is the
 //! recipient's history: a scan of it is always complete.
 
+use super::http::HttpError;
 use super::{Adapters, Write};
 use crate::service::Service;
 use crate::store::{AgentRow, RunRow, Store, millis, sibling};
@@ -24,9 +25,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub const HTTP_TIMEOUT_SECS: u64 = 30;
+/// How long one HTTP exchange with an agent may take.
+const HTTP_TIMEOUT: Duration = Duration::from_secs(HTTP_TIMEOUT_SECS);
 pub const RUN_TIMEOUT_SECS_DEFAULT: u64 = 3_600;
-/// How long the engine waits for a supervisor to report that the command started.
+/// How long the engine waits for a supervisor to report that the command started, and how
+/// long at most while the supervisor is alive (it may wait out another process's lock).
 const START_WAIT: Duration = Duration::from_secs(10);
+const START_WAIT_MAX: Duration = Duration::from_secs(60);
 
 pub fn check_settings(settings: &Value) -> Result<(), String> {
     let command = settings.get("command");
@@ -114,38 +119,107 @@ fn supervisor_alive(db: &Path, request_id: &str) -> bool {
     }
 }
 
-/// Whether the command of `run` is still running although its supervisor is gone: its pid is
-/// alive and still carries this request id in its environment (a reused pid does not).
-/// Past the run's end time the engine kills the command's process group.
-fn orphan_alive(run: &RunRow, now: i64) -> bool {
-    let Some(pid) = run.pid.and_then(|p| i32::try_from(p).ok()) else {
-        return false;
+/// The processes that belong to a run: every live process whose environment carries its
+/// `HANDOFFS_REQUEST_ID` (the command and anything it started, whoever their parent is now;
+/// a reused pid does not carry it). Read from /proc, so only on Linux; elsewhere none.
+fn marked_processes(request_id: &str) -> Vec<i32> {
+    let marker = format!("HANDOFFS_REQUEST_ID={request_id}");
+    let me = std::process::id();
+    let mut pids = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return pids;
     };
-    let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
-        return false;
-    };
-    let marker = format!("HANDOFFS_REQUEST_ID={}", run.request_id);
-    let ours = environ
-        .split(|b| *b == 0)
-        .any(|var| var == marker.as_bytes());
-    if ours && run.ends_at.is_some_and(|end| now > end) {
-        kill_group(pid);
-        return false;
+    for entry in entries.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        if u32::try_from(pid).is_ok_and(|p| p == me) {
+            continue;
+        }
+        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        if environ
+            .split(|b| *b == 0)
+            .any(|var| var == marker.as_bytes())
+        {
+            pids.push(pid);
+        }
     }
-    ours
+    pids
 }
 
-/// Kills a command's whole process group (it leads its own group).
+/// Whether a run without a row may still appear: its supervisor is alive (starting), or a
+/// process of this request runs.
+fn run_may_start(db: &Path, request_id: &str) -> bool {
+    supervisor_alive(db, request_id) || !marked_processes(request_id).is_empty()
+}
+
+/// What is left of a run whose supervisor is gone.
+#[derive(Debug, PartialEq, Eq)]
+enum Orphan {
+    /// Nothing runs any more.
+    Gone,
+    /// Its command (or what it started) still runs: the turn is not over.
+    Running,
+    /// It ran past its end time and was killed now.
+    KilledAtTimeout,
+}
+
+fn orphan(run: &RunRow, now: i64) -> Orphan {
+    let pids = marked_processes(&run.request_id);
+    if pids.is_empty() {
+        return Orphan::Gone;
+    }
+    if run.ends_at.is_some_and(|end| now > end) {
+        for pid in pids {
+            kill_group(pid);
+        }
+        return Orphan::KilledAtTimeout;
+    }
+    Orphan::Running
+}
+
+/// Kills a process's whole group (a command leads its own group), and the process itself.
 fn kill_group(pid: i32) {
-    let _ = nix::sys::signal::killpg(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGKILL,
-    );
+    use nix::sys::signal::{Signal, kill, killpg};
+    use nix::unistd::{Pid, getpgid};
+    let pid = Pid::from_raw(pid);
+    if let Ok(group) = getpgid(Some(pid))
+        && group.as_raw() > 1
+        && group != getpgid(None).unwrap_or(Pid::from_raw(0))
+    {
+        let _ = killpg(group, Signal::SIGKILL);
+    }
+    let _ = kill(pid, Signal::SIGKILL);
 }
 
-/// Whether the run is still going: its supervisor holds the lock, or its command outlived it.
-fn run_alive(db: &Path, run: &RunRow, now: i64) -> bool {
-    supervisor_alive(db, &run.request_id) || orphan_alive(run, now)
+/// Whether an open run is still going: its supervisor holds the lock, or its command outlived
+/// it. A run that is over without its supervisor is recorded (interrupted, or errored when
+/// it had to be killed at its timeout).
+fn still_running(store: &mut Store, db: &Path, run: &RunRow, now: i64) -> bool {
+    if supervisor_alive(db, &run.request_id) {
+        return true;
+    }
+    match orphan(run, now) {
+        Orphan::Running => true,
+        Orphan::Gone => {
+            mark_interrupted(store, run, now);
+            false
+        }
+        Orphan::KilledAtTimeout => {
+            let _ = store.write(|tx| {
+                tx.finish_run(
+                    &run.request_id,
+                    now,
+                    None,
+                    "errored",
+                    Some("killed after its timeout; its supervisor was gone"),
+                )
+            });
+            false
+        }
+    }
 }
 
 fn observed_of(run: &RunRow, alive: bool) -> Observed {
@@ -189,8 +263,8 @@ pub async fn activity(
         let Some(u) = url(agent, "activity_url") else {
             return Activity::Idle;
         };
-        return match adapters.http.get(&u).send().await {
-            Ok(r) if r.status().is_success() => match r.json::<Value>().await {
+        return match adapters.http.get(&u, HTTP_TIMEOUT).await {
+            Ok(r) if r.is_success() => match r.json() {
                 Ok(v) => match v.get("status").and_then(Value::as_str) {
                     Some("idle" | "finished" | "stopped" | "failed") => Activity::Idle,
                     Some("busy" | "running") => Activity::Busy {
@@ -206,7 +280,7 @@ pub async fn activity(
                 },
             },
             Ok(r) => Activity::Unknown {
-                detail: format!("activity_url answered {}", r.status()),
+                detail: format!("activity_url answered {}", r.status),
             },
             Err(e) => Activity::Unknown {
                 detail: format!("activity_url: {e}"),
@@ -226,13 +300,12 @@ pub async fn activity(
         }
     };
     for run in open {
-        if run_alive(&db, &run, now) {
+        if still_running(&mut service.store, &db, &run, now) {
             return Activity::Busy {
                 turn: Some(TurnId::new(&run.request_id)),
                 detail: None,
             };
         }
-        mark_interrupted(&mut service.store, &run, now);
     }
     Activity::Idle
 }
@@ -247,10 +320,10 @@ pub async fn start(adapters: &Adapters, service: &RefCell<Service>, w: &Write<'_
         };
     };
     let body = json!({"request_id": w.request_id, "text": w.text, "agent": w.agent.id});
-    match adapters.http.post(&u).json(&body).send().await {
-        Ok(r) if r.status().is_success() => {
+    match adapters.http.post(&u, &body, HTTP_TIMEOUT).await {
+        Ok(r) if r.is_success() => {
             // 2xx is acceptance of this request id (SPEC §4); a body may name the turn.
-            let v: Value = r.json().await.unwrap_or(Value::Null);
+            let v: Value = r.json().unwrap_or(Value::Null);
             let turn = v
                 .get("turn_id")
                 .and_then(Value::as_str)
@@ -265,19 +338,17 @@ pub async fn start(adapters: &Adapters, service: &RefCell<Service>, w: &Write<'_
                 request_id: Some(RequestId::new(echoed)),
             }
         }
-        Ok(r) if r.status().is_client_error() => WriteOutcome::Refused {
-            detail: format!("the agent answered {}", r.status()),
+        Ok(r) if r.is_client_error() => WriteOutcome::Refused {
+            detail: format!("the agent answered {}", r.status),
         },
         Ok(r) => WriteOutcome::Failed {
-            detail: format!("the agent answered {}", r.status()),
+            detail: format!("the agent answered {}", r.status),
         },
-        Err(e) if e.is_connect() => WriteOutcome::Refused {
-            detail: format!("could not connect: {e}"),
-        },
-        Err(e) if e.is_timeout() => WriteOutcome::TimedOut,
-        Err(e) => WriteOutcome::Failed {
+        Err(e @ HttpError::Connect(_)) => WriteOutcome::Refused {
             detail: e.to_string(),
         },
+        Err(HttpError::Timeout) => WriteOutcome::TimedOut,
+        Err(HttpError::Other(e)) => WriteOutcome::Failed { detail: e },
     }
 }
 
@@ -325,27 +396,47 @@ async fn start_argv(service: &RefCell<Service>, w: &Write<'_>, argv: Vec<String>
         .arg("--")
         .args(&argv)
         .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
+        .stdout(std::process::Stdio::null());
+    // What the supervisor itself says goes to `<request>.sup.log` (removed when empty).
+    let sup_log = dir.join(format!("{}.sup.log", w.request_id));
+    match create_private(&sup_log) {
+        Ok(f) => cmd.stderr(f),
+        Err(_) => cmd.stderr(std::process::Stdio::null()),
+    };
     #[cfg(unix)]
     {
         use std::os::unix::process::CommandExt;
         cmd.process_group(0);
     }
+    // A refused run never ran: its row goes, so the one allowed retry (same request id) runs.
+    if let Err(e) = service
+        .borrow_mut()
+        .store
+        .write(|tx| tx.forget_refused_run(w.request_id))
+    {
+        return WriteOutcome::Refused {
+            detail: e.to_string(),
+        };
+    }
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
             let _ = std::fs::remove_file(&text_file);
+            let _ = std::fs::remove_file(&sup_log);
             return WriteOutcome::Refused {
                 detail: format!("could not start the supervisor: {e}"),
             };
         }
     };
-    // Reap the supervisor in the background so it never lingers as a zombie.
+    // Reap the supervisor in the background so it never lingers as a zombie, and say when it
+    // is gone: gone without a row means it never started the command.
+    let (exited_tx, exited) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let _ = child.wait();
+        let code = child.wait().ok().and_then(|s| s.code());
+        let _ = exited_tx.send(code);
     });
-    let deadline = std::time::Instant::now() + START_WAIT;
+    let started = std::time::Instant::now();
+    let mut gone: Option<Option<i32>> = None;
     loop {
         let found = service.borrow_mut().store.read(|tx| tx.run(w.request_id));
         match found {
@@ -363,6 +454,18 @@ async fn start_argv(service: &RefCell<Service>, w: &Write<'_>, argv: Vec<String>
                     request_id: Some(RequestId::new(&run.request_id)),
                 };
             }
+            Ok(None) if gone.is_some() => {
+                // Read after it was gone: it never recorded the run, so nothing ran.
+                let code = gone
+                    .flatten()
+                    .map_or("a signal".to_owned(), |c| c.to_string());
+                return WriteOutcome::Refused {
+                    detail: format!(
+                        "the supervisor ended ({code}) before starting the command; see {}",
+                        sup_log.display()
+                    ),
+                };
+            }
             Ok(_) => {}
             Err(e) => {
                 return WriteOutcome::Failed {
@@ -370,7 +473,20 @@ async fn start_argv(service: &RefCell<Service>, w: &Write<'_>, argv: Vec<String>
                 };
             }
         }
-        if std::time::Instant::now() > deadline {
+        if gone.is_some() {
+            // Recorded but gone before it noted the start: the command may run.
+            return WriteOutcome::Failed {
+                detail: "the supervisor ended while starting the command".to_owned(),
+            };
+        }
+        if let Ok(code) = exited.try_recv() {
+            gone = Some(code);
+            continue;
+        }
+        // A live supervisor may be waiting for the database; give it up to START_WAIT_MAX.
+        let waited = started.elapsed();
+        if waited > START_WAIT_MAX || (waited > START_WAIT && !supervisor_alive(w.db, w.request_id))
+        {
             return WriteOutcome::Failed {
                 detail: "the supervisor did not report the start in time".to_owned(),
             };
@@ -392,21 +508,26 @@ pub async fn observe(
         let now = millis(service.now());
         return match service.store.read(|tx| tx.run(request_id)) {
             Ok(Some(run)) => {
-                let alive = run.outcome.is_none() && run_alive(&db, &run, now);
-                if run.outcome.is_none() && !alive {
-                    // The supervisor may have recorded its outcome and let go of the lock
-                    // since we read the row: read it again before calling it interrupted.
-                    mark_interrupted(&mut service.store, &run, now);
-                    return match service.store.read(|tx| tx.run(request_id)) {
-                        Ok(Some(fresh)) => observed_of(&fresh, false),
-                        Ok(None) => Observed::NotFound,
-                        Err(e) => Observed::Unreachable {
-                            detail: e.to_string(),
-                        },
-                    };
+                if run.outcome.is_some() {
+                    return observed_of(&run, false);
                 }
-                observed_of(&run, alive)
+                if still_running(&mut service.store, &db, &run, now) {
+                    return observed_of(&run, true);
+                }
+                // Over: recorded by its supervisor meanwhile, or by us just now.
+                match service.store.read(|tx| tx.run(request_id)) {
+                    Ok(Some(fresh)) => observed_of(&fresh, false),
+                    Ok(None) => Observed::NotFound,
+                    Err(e) => Observed::Unreachable {
+                        detail: e.to_string(),
+                    },
+                }
             }
+            // No row: a supervisor that is still starting (or a command of ours still
+            // running) means the answer is not known yet.
+            Ok(None) if run_may_start(&db, request_id) => Observed::Unreachable {
+                detail: "the run's supervisor is starting".to_owned(),
+            },
             Ok(None) => Observed::NotFound,
             Err(e) => Observed::Unreachable {
                 detail: e.to_string(),
@@ -425,9 +546,9 @@ pub async fn observe(
 async fn http_status(adapters: &Adapters, status_url: &str, request_id: &str) -> Observed {
     let u = status_url.replace("{request_id}", request_id);
     let turn = TurnId::new(request_id);
-    match adapters.http.get(&u).send().await {
-        Ok(r) if r.status() == reqwest::StatusCode::NOT_FOUND => Observed::NotFound,
-        Ok(r) if r.status().is_success() => match r.json::<Value>().await {
+    match adapters.http.get(&u, HTTP_TIMEOUT).await {
+        Ok(r) if r.status == 404 => Observed::NotFound,
+        Ok(r) if r.is_success() => match r.json() {
             Ok(v) => match v.get("status").and_then(Value::as_str) {
                 Some("accepted") => Observed::Accepted { turn },
                 Some("running") => Observed::Running { turn },
@@ -451,7 +572,7 @@ async fn http_status(adapters: &Adapters, status_url: &str, request_id: &str) ->
             },
         },
         Ok(r) => Observed::Unreachable {
-            detail: format!("status_url answered {}", r.status()),
+            detail: format!("status_url answered {}", r.status),
         },
         Err(e) => Observed::Unreachable {
             detail: format!("status_url: {e}"),
@@ -467,11 +588,12 @@ pub async fn scan(
 ) -> ScanResult {
     if argv(agent).is_some() {
         let mut service = service.borrow_mut();
+        let db = service.store.path().to_owned();
+        let now = millis(service.now());
         return match service.store.read(|tx| tx.run(request_id)) {
             Ok(Some(run)) if run.outcome.as_deref() != Some("refused") => {
-                let db = service.store.path().to_owned();
-                let now = millis(service.now());
-                let alive = run.outcome.is_none() && run_alive(&db, &run, now);
+                let alive =
+                    run.outcome.is_none() && still_running(&mut service.store, &db, &run, now);
                 let run = if alive {
                     run
                 } else {
@@ -485,6 +607,9 @@ pub async fn scan(
                     observed: observed_of(&run, alive),
                 }
             }
+            // Refused, or never recorded: complete only when no supervisor or command of
+            // this request can still record it.
+            Ok(_) if run_may_start(&db, request_id) => ScanResult::NothingFound { complete: false },
             Ok(_) => ScanResult::NothingFound { complete: true },
             Err(_) => ScanResult::NothingFound { complete: false },
         };
@@ -545,13 +670,24 @@ fn fill(arg: &str, s: &Supervise) -> String {
 pub async fn supervise(s: Supervise) -> i32 {
     let lock_file = lock_path(&s.db, &s.request_id);
     let Ok(lock) = create_private(&lock_file) else {
+        eprintln!("cannot create {}", lock_file.display());
         return 1;
     };
-    if lock.lock().is_err() {
-        return 1;
+    match lock.try_lock() {
+        Ok(()) => {}
+        // Another supervisor of this request is alive: it is the run.
+        Err(std::fs::TryLockError::WouldBlock) => return 0,
+        Err(std::fs::TryLockError::Error(e)) => {
+            eprintln!("cannot lock {}: {e}", lock_file.display());
+            return 1;
+        }
     }
-    let Ok(mut store) = Store::open(&s.db) else {
-        return 1;
+    let mut store = match Store::open(&s.db) {
+        Ok(store) => store,
+        Err(e) => {
+            eprintln!("{e}");
+            return 1;
+        }
     };
     let now = || millis(crate::clock::now());
     let argv: Vec<String> = s.argv.iter().map(|a| fill(a, &s)).collect();
@@ -574,7 +710,9 @@ pub async fn supervise(s: Supervise) -> i32 {
     };
     // Recorded before it starts: a supervisor killed right after the start still leaves a
     // row, and a request id that is already there is never run a second time.
-    if store.write(|tx| tx.insert_run(&row)).is_err() {
+    if let Err(e) = store.write(|tx| tx.insert_run(&row)) {
+        eprintln!("request {} is not run again: {e}", s.request_id);
+        let _ = std::fs::remove_file(&lock_file);
         return 0;
     }
     let mut cmd = tokio::process::Command::new(program);
@@ -647,8 +785,11 @@ pub async fn supervise(s: Supervise) -> i32 {
 fn cleanup(s: &Supervise, lock_file: &Path, log: &Path) {
     let _ = std::fs::remove_file(&s.text_file);
     let _ = std::fs::remove_file(lock_file);
-    if std::fs::metadata(log).is_ok_and(|m| m.len() == 0) {
-        let _ = std::fs::remove_file(log);
+    let sup_log = runs_dir(&s.db).join(format!("{}.sup.log", s.request_id));
+    for file in [log, sup_log.as_path()] {
+        if std::fs::metadata(file).is_ok_and(|m| m.len() == 0) {
+            let _ = std::fs::remove_file(file);
+        }
     }
 }
 

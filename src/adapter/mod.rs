@@ -5,6 +5,7 @@
 
 pub mod command;
 pub mod demo;
+pub mod http;
 
 use crate::service::Service;
 use crate::store::{AgentRow, MessageRow};
@@ -26,7 +27,7 @@ pub struct Write<'a> {
 /// The adapters, by provider.
 #[derive(Debug, Clone)]
 pub struct Adapters {
-    pub http: reqwest::Client,
+    pub http: http::Http,
 }
 
 impl Default for Adapters {
@@ -36,14 +37,13 @@ impl Default for Adapters {
 }
 
 impl Adapters {
+    /// Adapters on the real network.
     pub fn new() -> Adapters {
-        let http = reqwest::Client::builder()
-            .timeout(std::time::Duration::from_secs(command::HTTP_TIMEOUT_SECS))
-            .pool_max_idle_per_host(16)
-            // A redirect must not turn one write into two, or a POST into a GET.
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .unwrap_or_default();
+        Adapters::with_http(http::Http::real())
+    }
+
+    /// Adapters on another network (the simulation's).
+    pub fn with_http(http: http::Http) -> Adapters {
         Adapters { http }
     }
 

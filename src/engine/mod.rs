@@ -7,7 +7,8 @@
 //! one after another: a slow or waiting recipient never holds up the others, and a recipient
 //! never sees two of our writes at once. The jobs run on the engine's own task (no threads)
 //! and share its one SQLite connection (a connection per job would empty every other job's
-//! page cache on each commit): a transaction is synchronous, so transactions never
+//! page cache on each commit; and a connection's own commits leave its `data_version` alone,
+//! so only other processes wake the watch): a transaction is synchronous, so transactions never
 //! interleave while the waits on agents do.
 //!
 //! Only one engine delivers per database: it holds an exclusive lock on `<db>.engine` for its
@@ -41,11 +42,11 @@ const JOBS_MAX: usize = 64;
 const JOB_DELIVERIES_MAX: usize = 256;
 /// How often enrolment of stragglers, reminders and the health report run at most.
 const HOUSEKEEPING_INTERVAL_MS: u64 = 1_000;
-/// How often a running engine checks the database for new work.
+/// How often a running engine checks the database for another process's commit (its own
+/// jobs share its connection, so their commits do not count; a job that ends wakes it).
 const WATCH_INTERVAL: Duration = Duration::from_millis(5);
-/// The same while jobs run: their own commits change the database too, and each look costs
-/// a query, so the engine looks less often (a job that ends wakes it at once).
-const WATCH_INTERVAL_BUSY: Duration = Duration::from_millis(25);
+/// How long a delivery whose step failed (a store error, an undecodable record) rests.
+const FAILED_STEP_BACKOFF_MS: u64 = 30_000;
 /// How long a stopping engine lets the turns it is starting finish their step.
 const STOP_GRACE: Duration = Duration::from_secs(10);
 
@@ -79,6 +80,8 @@ struct Ctx {
     adapters: Adapters,
     policy: Policy,
     one_shot: bool,
+    /// Checked before each delivery, so a job that follows a long queue sees an outage begin.
+    guard: outage::OutageGuard,
 }
 
 /// One recipient's job: hands back the recipient and what it did.
@@ -91,7 +94,6 @@ type Shared = Rc<RefCell<Service>>;
 pub struct Engine {
     service: Shared,
     ctx: Rc<Ctx>,
-    guard: outage::OutageGuard,
     /// When enrolment and reminders last ran, and when a report was last saved.
     last_housekeeping: Option<Millis>,
     last_report: Option<Millis>,
@@ -146,8 +148,8 @@ impl Engine {
                 adapters: Adapters::new(),
                 policy: Policy::default(),
                 one_shot,
+                guard: outage::OutageGuard::default(),
             }),
-            guard: outage::OutageGuard::default(),
             last_housekeeping: None,
             last_report: None,
             _lock: Some(file),
@@ -161,6 +163,20 @@ impl Engine {
             adapters: self.ctx.adapters.clone(),
             policy,
             one_shot: self.ctx.one_shot,
+            guard: outage::OutageGuard::default(),
+        });
+        self
+    }
+
+    /// Reaches agents and status pages through `http` instead of the real network (the
+    /// simulation).
+    #[must_use]
+    pub fn with_http(mut self, http: crate::adapter::http::Http) -> Engine {
+        self.ctx = Rc::new(Ctx {
+            adapters: Adapters::with_http(http),
+            policy: self.ctx.policy.clone(),
+            one_shot: self.ctx.one_shot,
+            guard: outage::OutageGuard::default(),
         });
         self
     }
@@ -182,8 +198,7 @@ impl Engine {
         self.housekeeping_if_due(&mut report);
         let mut jobs = FuturesUnordered::new();
         let mut busy = HashSet::new();
-        self.dispatch(&mut jobs, &mut busy, &mut report, false)
-            .await;
+        self.dispatch(&mut jobs, &mut busy, &mut report, false, usize::MAX);
         while let Some((_, part)) = jobs.next().await {
             report.absorb(part);
         }
@@ -244,12 +259,13 @@ impl Engine {
     /// Starts a job for every recipient with due deliveries that has none running yet; with
     /// `follow` a job goes on with what else of its recipient becomes due. Returns how many
     /// it started.
-    async fn dispatch(
+    fn dispatch(
         &mut self,
         jobs: &mut FuturesUnordered<Job>,
         busy: &mut HashSet<String>,
         report: &mut PassReport,
         follow: bool,
+        cap: usize,
     ) -> usize {
         let now = millis(self.now());
         let due = self
@@ -275,21 +291,9 @@ impl Engine {
                 None => groups.push((recipient, vec![id])),
             }
         }
-        if groups.is_empty() {
-            return 0;
-        }
-        let config = self
-            .service
-            .borrow_mut()
-            .store
-            .read(|tx| tx.config("outageGuard"))
-            .ok()
-            .flatten()
-            .unwrap_or(Value::Null);
-        let outage = self.guard.check(&self.ctx.adapters.http, &config).await;
         let mut started = 0;
         for (recipient, ids) in groups {
-            if jobs.len() >= JOBS_MAX {
+            if jobs.len() >= cap {
                 break;
             }
             report.looked_at += ids.len();
@@ -299,7 +303,6 @@ impl Engine {
                 self.service.clone(),
                 recipient,
                 ids,
-                outage.clone(),
                 follow,
             )));
             started += 1;
@@ -406,15 +409,20 @@ async fn serve(
     svc: Shared,
     recipient: String,
     ids: Vec<String>,
-    outage: Option<String>,
     follow: bool,
 ) -> (String, PassReport) {
     let mut report = PassReport::default();
     let mut ids: VecDeque<String> = ids.into();
     let mut served = 0;
     while let Some(id) = ids.pop_front() {
-        if let Err(e) = deliver(&ctx, &svc, &id, outage.as_ref(), &mut report).await {
+        if let Err(e) = deliver(&ctx, &svc, &id, &mut report).await {
             report.errors.push(format!("{id}: {e}"));
+            // Rest it, so a row that cannot be stepped is not taken again at once.
+            let mut s = svc.borrow_mut();
+            let later = millis(s.now().plus_ms(FAILED_STEP_BACKOFF_MS));
+            if let Err(e) = s.store.write(|tx| tx.set_due(&id, Some(later))) {
+                report.errors.push(format!("{id}: {e}"));
+            }
         }
         served += 1;
         if ids.is_empty() && follow && served < JOB_DELIVERIES_MAX {
@@ -506,15 +514,20 @@ async fn deliver(
     ctx: &Ctx,
     svc: &RefCell<Service>,
     id: &str,
-    outage: Option<&String>,
     report: &mut PassReport,
 ) -> Result<(), ServiceError> {
+    let config = svc
+        .borrow_mut()
+        .store
+        .read(|tx| tx.config("outageGuard"))?
+        .unwrap_or(Value::Null);
+    let outage = ctx.guard.check(&ctx.adapters.http, &config).await;
     let first = apply(ctx, svc, id, report, |_| Ok(EventKind::TimePassed))?;
     let mut queue: VecDeque<Effect> = first.effects.into();
     let one_shot = ctx.one_shot;
     let started = apply(ctx, svc, id, report, |tx| {
         let mut facts = facts(tx, id, one_shot)?;
-        facts.outage = outage.cloned();
+        facts.outage.clone_from(&outage);
         Ok(EventKind::PassStarted(facts))
     })?;
     queue.extend(started.effects);
@@ -638,7 +651,7 @@ async fn write_now(
 }
 
 /// Waits until another connection commits, or `deadline`.
-async fn watch(svc: &RefCell<Service>, seen: i64, deadline: tokio::time::Instant, every: Duration) {
+async fn watch(svc: &RefCell<Service>, seen: i64, deadline: tokio::time::Instant) {
     loop {
         let version = svc.borrow().store.data_version();
         if version.unwrap_or(seen) != seen {
@@ -648,7 +661,7 @@ async fn watch(svc: &RefCell<Service>, seen: i64, deadline: tokio::time::Instant
         if now >= deadline {
             return;
         }
-        tokio::time::sleep(every.min(deadline - now)).await;
+        tokio::time::sleep(WATCH_INTERVAL.min(deadline - now)).await;
     }
 }
 
@@ -679,7 +692,7 @@ impl Engine {
             // Read before looking: a commit by another connection meanwhile is noticed.
             let seen = self.service.borrow().store.data_version().unwrap_or(0);
             self.housekeeping_if_due(&mut report);
-            self.dispatch(&mut jobs, &mut busy, &mut report, true).await;
+            self.dispatch(&mut jobs, &mut busy, &mut report, true, JOBS_MAX);
             let now = self.now();
             if !report.errors.is_empty()
                 || self
@@ -707,13 +720,14 @@ impl Engine {
                 }
                 None => interval,
             };
-            if !jobs.is_empty() {
-                // What is due may belong to a recipient whose job is running: look again
-                // when a job ends or something is committed, not in a spin.
-                wait = wait.max(WATCH_INTERVAL);
+            if wait.is_zero() && !jobs.is_empty() {
+                // What is due belongs to a recipient whose job is running (or waits for a
+                // free job): look again when a job ends or another process commits.
+                wait = interval;
             }
             if wait.is_zero() {
-                // More is due now: only look whether we were asked to stop.
+                // More is due now: let other tasks run, and look whether we were asked to stop.
+                tokio::task::yield_now().await;
                 tokio::select! {
                     biased;
                     () = &mut shutdown => return self.stop(jobs).await,
@@ -721,11 +735,6 @@ impl Engine {
                 }
             }
             let deadline = tokio::time::Instant::now() + wait;
-            let every = if jobs.is_empty() {
-                WATCH_INTERVAL
-            } else {
-                WATCH_INTERVAL_BUSY
-            };
             tokio::select! {
                 biased;
                 () = &mut shutdown => return self.stop(jobs).await,
@@ -733,7 +742,7 @@ impl Engine {
                     busy.remove(&recipient);
                     report.absorb(part);
                 }
-                () = watch(&self.service, seen, deadline, every) => {}
+                () = watch(&self.service, seen, deadline) => {}
             }
         }
     }

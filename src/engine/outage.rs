@@ -1,8 +1,11 @@
 //! The outage guard (SPEC §5 `config outageGuard`): polls a Statuspage-style `summary.json`
 //! with a timeout and a cache, and fails open (an unreachable status page is no outage).
 
+use crate::adapter::http::Http;
 use serde_json::Value;
-use std::time::{Duration, Instant};
+use std::cell::RefCell;
+use std::time::Duration;
+use tokio::time::Instant;
 
 const CACHE: Duration = Duration::from_secs(60);
 const TIMEOUT: Duration = Duration::from_secs(5);
@@ -46,15 +49,17 @@ pub fn check_config(v: &Value) -> Result<(), String> {
     Ok(())
 }
 
-/// The guard's cached view.
+/// The guard's cached view: the page it read, when, and its verdict. Shared by the engine's
+/// jobs; never borrowed across an `.await` (two jobs may both refresh; both verdicts are
+/// fresh).
 #[derive(Debug, Default)]
 pub struct OutageGuard {
-    cached: Option<(Instant, String, Option<String>)>,
+    cached: RefCell<Option<(Instant, String, Option<String>)>>,
 }
 
 impl OutageGuard {
     /// The outage the status page reports for `config`, if any.
-    pub async fn check(&mut self, http: &reqwest::Client, config: &Value) -> Option<String> {
+    pub async fn check(&self, http: &Http, config: &Value) -> Option<String> {
         if config.is_null() {
             return None;
         }
@@ -62,20 +67,20 @@ impl OutageGuard {
             Some(name) => PRESETS.iter().find(|(n, _)| *n == name)?.1.to_owned(),
             None => config.get("url")?.as_str()?.to_owned(),
         };
-        if let Some((at, cached_url, verdict)) = &self.cached
+        if let Some((at, cached_url, verdict)) = &*self.cached.borrow()
             && *cached_url == url
             && at.elapsed() < CACHE
         {
             return verdict.clone();
         }
-        let verdict = match http.get(&url).timeout(TIMEOUT).send().await {
-            Ok(r) if r.status().is_success() => match r.json::<Value>().await {
+        let verdict = match http.get(&url, TIMEOUT).await {
+            Ok(r) if r.is_success() => match r.json() {
                 Ok(summary) => judge(&summary, config.get("components")),
                 Err(_) => None,
             },
             _ => None,
         };
-        self.cached = Some((Instant::now(), url, verdict.clone()));
+        *self.cached.borrow_mut() = Some((Instant::now(), url, verdict.clone()));
         verdict
     }
 }

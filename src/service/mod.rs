@@ -626,7 +626,10 @@ impl Service {
                         "message {m} has no delivery: a notification is never a turn, and a \
                          message sent before delivery was enabled is never enrolled"
                     ))),
-                    Err(_) => Err(ServiceError::NotFound(format!("no delivery {given:?}"))),
+                    Err(ServiceError::NotFound(_)) => {
+                        Err(ServiceError::NotFound(format!("no delivery {given:?}")))
+                    }
+                    Err(e) => Err(e),
                 }
             }
             [] => Err(ServiceError::NotFound(format!("no message {given:?}"))),

@@ -998,6 +998,15 @@ impl Tx<'_> {
             .optional()?)
     }
 
+    /// Forgets a refused run (it never ran), so a retry with the same request id can run.
+    pub fn forget_refused_run(&self, request_id: &str) -> Result<()> {
+        self.tx.execute(
+            "DELETE FROM runs WHERE request_id = ?1 AND outcome = 'refused'",
+            [request_id],
+        )?;
+        Ok(())
+    }
+
     /// Records the pid of a run's command once it started.
     pub fn set_run_pid(&self, request_id: &str, pid: i64) -> Result<()> {
         self.tx.execute(
