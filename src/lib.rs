@@ -7,6 +7,7 @@ pub mod clock;
 pub mod engine;
 pub mod front;
 pub mod service;
+pub mod simulate;
 pub mod store;
 
 pub use model;

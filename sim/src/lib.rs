@@ -1,14 +1,22 @@
 //! The simulated world the real engine is tested in (SPEC §9). It owns what the world does to
-//! the engine (fault plans drawn from a seed, later the agent hosts and the oracle) and never
-//! a copy of the engine or of its rules: those come from the `model` crate and the root
-//! package.
+//! the engine (fault plans drawn from a seed, the agent hosts and the status page on a
+//! turmoil network, what the agents received) and never a copy of the engine or of its
+//! rules: the root package runs its real engine in this world (`handoffs sim`).
 //!
 //! Swarm testing: each seed draws its own fault *rates* as well as the faults themselves, so
 //! a sweep over seeds covers calm runs, runs dominated by one fault, and everything between.
 
+pub mod agent;
+pub mod net;
+pub mod status;
+
+/// The simulation framework, for the runner that puts the engine in this world.
+pub use turmoil;
+
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::fmt;
+use std::time::Duration;
 
 /// How often each fault strikes in one simulated run, drawn from the seed.
 #[derive(Clone, Debug, PartialEq)]
@@ -26,8 +34,39 @@ pub struct FaultPlan {
     pub agent_outage_rate: f64,
     /// Chance, per simulated minute, that the provider's status page reports an outage.
     pub provider_outage_rate: f64,
+    /// Chance that a turn is slow (10 to 60 minutes).
+    pub slow_turn_rate: f64,
+    /// Chance, per simulated minute, that a person starts a turn of their own.
+    pub person_turn_rate: f64,
+    /// Chance, per simulated minute, that an agent's link holds its messages for a while.
+    pub held_link_rate: f64,
     /// Engine crashes (SIGKILL-like) during the run.
     pub engine_crashes: u32,
+    /// Agents, and handoffs the driver sends.
+    pub agents: usize,
+    pub handoffs: usize,
+}
+
+/// A fault at a moment of the fault phase, lasting `for_`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fault {
+    pub at: Duration,
+    pub for_: Duration,
+    pub kind: FaultKind,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FaultKind {
+    /// Replies from this agent to the engine are lost (a one-way partition).
+    LostReplies(usize),
+    /// Messages between the engine and this agent are held, then released.
+    HeldLink(usize),
+    /// The agent host is down.
+    AgentDown(usize),
+    /// The provider's status page reports an outage.
+    ProviderOutage,
+    /// The engine crashes and restarts after `for_`.
+    EngineCrash,
 }
 
 impl FaultPlan {
@@ -48,7 +87,12 @@ impl FaultPlan {
         let interrupted_turn_rate = rate(0.1);
         let agent_outage_rate = rate(0.05);
         let provider_outage_rate = rate(0.02);
+        let slow_turn_rate = rate(0.1);
+        let person_turn_rate = rate(0.1);
+        let held_link_rate = rate(0.05);
         let engine_crashes = rng.random_range(0..=4);
+        let agents = rng.random_range(2..=4);
+        let handoffs = rng.random_range(10..=40);
         FaultPlan {
             seed,
             lost_reply_rate,
@@ -57,8 +101,86 @@ impl FaultPlan {
             interrupted_turn_rate,
             agent_outage_rate,
             provider_outage_rate,
+            slow_turn_rate,
+            person_turn_rate,
+            held_link_rate,
             engine_crashes,
+            agents,
+            handoffs,
         }
+    }
+
+    /// The timed faults of a fault phase of `phase`, in order: per simulated minute and agent
+    /// a lost-reply window, a held link or an outage by their rates, provider outages, and
+    /// the engine crashes at random moments. Drawn from the seed, so the same seed replays.
+    pub fn faults(&self, phase: Duration) -> Vec<Fault> {
+        let mut rng = ChaCha8Rng::seed_from_u64(self.seed ^ 0x5eed_f417);
+        let minutes = phase.as_secs() / 60;
+        let mut out = Vec::new();
+        let secs =
+            |rng: &mut ChaCha8Rng, lo: u64, hi: u64| Duration::from_secs(rng.random_range(lo..hi));
+        for minute in 0..minutes {
+            let start = Duration::from_secs(minute * 60);
+            for agent in 0..self.agents {
+                // Lost replies strike per minute at a tenth of the per-reply rate's odds,
+                // for 10 s to 2 min.
+                if self.lost_reply_rate > 0.0
+                    && rng.random_bool((self.lost_reply_rate / 10.0).min(1.0))
+                {
+                    let at = start + secs(&mut rng, 0, 60);
+                    let for_ = secs(&mut rng, 10, 120);
+                    out.push(Fault {
+                        at,
+                        for_,
+                        kind: FaultKind::LostReplies(agent),
+                    });
+                }
+                if self.held_link_rate > 0.0 && rng.random_bool(self.held_link_rate.min(1.0)) {
+                    let at = start + secs(&mut rng, 0, 60);
+                    let for_ = secs(&mut rng, 1, 40);
+                    out.push(Fault {
+                        at,
+                        for_,
+                        kind: FaultKind::HeldLink(agent),
+                    });
+                }
+                if self.agent_outage_rate > 0.0 && rng.random_bool(self.agent_outage_rate.min(1.0))
+                {
+                    let at = start + secs(&mut rng, 0, 60);
+                    let for_ = secs(&mut rng, 30, 900);
+                    out.push(Fault {
+                        at,
+                        for_,
+                        kind: FaultKind::AgentDown(agent),
+                    });
+                }
+            }
+            if self.provider_outage_rate > 0.0
+                && rng.random_bool(self.provider_outage_rate.min(1.0))
+            {
+                let at = start + secs(&mut rng, 0, 60);
+                let for_ = secs(&mut rng, 120, 1_800);
+                out.push(Fault {
+                    at,
+                    for_,
+                    kind: FaultKind::ProviderOutage,
+                });
+            }
+        }
+        for _ in 0..self.engine_crashes {
+            let at =
+                Duration::from_millis(rng.random_range(
+                    1_000..phase.as_millis().try_into().unwrap_or(u64::MAX).max(1_001),
+                ));
+            let for_ = Duration::from_millis(rng.random_range(100..60_000));
+            out.push(Fault {
+                at,
+                for_,
+                kind: FaultKind::EngineCrash,
+            });
+        }
+        out.sort_by_key(|f| f.at);
+        out
     }
 
     /// Whether this plan injects no fault at all.
@@ -71,6 +193,9 @@ impl FaultPlan {
                 self.interrupted_turn_rate,
                 self.agent_outage_rate,
                 self.provider_outage_rate,
+                self.slow_turn_rate,
+                self.person_turn_rate,
+                self.held_link_rate,
             ]
             .iter()
             .all(|r| *r == 0.0)
@@ -81,13 +206,19 @@ impl fmt::Display for FaultPlan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "seed {}: lost replies {:.3}, refusals {:.3}, errored turns {:.3}, interrupted turns {:.3}, \
+            "seed {}: {} agents, {} handoffs; lost replies {:.3}, refusals {:.3}, errored turns {:.3}, \
+             interrupted turns {:.3}, slow turns {:.3}, person turns {:.3}/min, held links {:.3}/min, \
              agent outages {:.3}/min, provider outages {:.3}/min, engine crashes {}",
             self.seed,
+            self.agents,
+            self.handoffs,
             self.lost_reply_rate,
             self.refusal_rate,
             self.errored_turn_rate,
             self.interrupted_turn_rate,
+            self.slow_turn_rate,
+            self.person_turn_rate,
+            self.held_link_rate,
             self.agent_outage_rate,
             self.provider_outage_rate,
             self.engine_crashes

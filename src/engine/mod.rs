@@ -94,6 +94,8 @@ type Shared = Rc<RefCell<Service>>;
 pub struct Engine {
     service: Shared,
     ctx: Rc<Ctx>,
+    /// How often `run` looks for another process's commit.
+    watch_every: Duration,
     /// When enrolment and reminders last ran, and when a report was last saved.
     last_housekeeping: Option<Millis>,
     last_report: Option<Millis>,
@@ -150,6 +152,7 @@ impl Engine {
                 one_shot,
                 guard: outage::OutageGuard::default(),
             }),
+            watch_every: WATCH_INTERVAL,
             last_housekeeping: None,
             last_report: None,
             _lock: Some(file),
@@ -165,6 +168,14 @@ impl Engine {
             one_shot: self.ctx.one_shot,
             guard: outage::OutageGuard::default(),
         });
+        self
+    }
+
+    /// Looks for other processes' commits every `every` instead of every 5 ms (the
+    /// simulation, where each look costs a step of virtual time).
+    #[must_use]
+    pub fn with_watch_interval(mut self, every: Duration) -> Engine {
+        self.watch_every = every;
         self
     }
 
@@ -651,7 +662,7 @@ async fn write_now(
 }
 
 /// Waits until another connection commits, or `deadline`.
-async fn watch(svc: &RefCell<Service>, seen: i64, deadline: tokio::time::Instant) {
+async fn watch(svc: &RefCell<Service>, seen: i64, deadline: tokio::time::Instant, every: Duration) {
     loop {
         let version = svc.borrow().store.data_version();
         if version.unwrap_or(seen) != seen {
@@ -661,7 +672,7 @@ async fn watch(svc: &RefCell<Service>, seen: i64, deadline: tokio::time::Instant
         if now >= deadline {
             return;
         }
-        tokio::time::sleep(WATCH_INTERVAL.min(deadline - now)).await;
+        tokio::time::sleep(every.min(deadline - now)).await;
     }
 }
 
@@ -742,7 +753,7 @@ impl Engine {
                     busy.remove(&recipient);
                     report.absorb(part);
                 }
-                () = watch(&self.service, seen, deadline) => {}
+                () = watch(&self.service, seen, deadline, self.watch_every) => {}
             }
         }
     }

@@ -127,13 +127,17 @@ pub enum Command {
         #[arg(long)]
         public_demo: bool,
     },
-    /// Deterministic fault simulation (arrives with the simulation issue).
+    /// Runs the real engine against simulated agents with the faults one seed draws, and
+    /// judges every guarantee (same seed, same bytes).
     Sim {
-        #[arg(long)]
+        /// The seed to run (default 1).
+        #[arg(long, conflicts_with = "seeds")]
         seed: Option<u64>,
+        /// A sweep, like 1..200 (both ends included): one line per failure and a summary.
         #[arg(long)]
         seeds: Option<String>,
-        #[arg(long)]
+        /// Print the run's trace: virtual time, host, event.
+        #[arg(long, conflicts_with = "seeds")]
         trace: bool,
     },
     /// Runs one command turn for the engine (internal).
@@ -317,6 +321,104 @@ fn not_yet(what: &str) -> Result<(), Failure> {
         code: 1,
         message: format!("`handoffs {what}` is not yet available in this build"),
     })
+}
+
+/// The engine's policy: the default, or `HANDOFFS_POLICY` (JSON, any subset of the bounds).
+fn policy_from_env() -> Result<model::Policy, Failure> {
+    match std::env::var_os("HANDOFFS_POLICY") {
+        None => Ok(model::Policy::default()),
+        Some(raw) => serde_json::from_str(&raw.to_string_lossy())
+            .map_err(|e| usage(format!("HANDOFFS_POLICY is not a valid policy: {e}"))),
+    }
+}
+
+/// `handoffs sim`: runs before any runtime exists (a turmoil simulation builds its own).
+fn sim_cmd(cli: &Cli, seed: Option<u64>, seeds: Option<&str>, trace: bool) -> Result<(), Failure> {
+    let policy = policy_from_env()?;
+    let replay_env = std::env::var("HANDOFFS_POLICY")
+        .map(|p| format!("HANDOFFS_POLICY='{p}' "))
+        .unwrap_or_default();
+    let failed = |seeds: &[u64]| Failure {
+        code: 1,
+        message: format!(
+            "guarantees failed for seed{} {}",
+            if seeds.len() == 1 { "" } else { "s" },
+            seeds
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    if let Some(range) = seeds {
+        let (a, b) = range
+            .split_once("..")
+            .and_then(|(a, b)| Some((a.trim().parse::<u64>().ok()?, b.trim().parse::<u64>().ok()?)))
+            .filter(|(a, b)| a <= b)
+            .ok_or_else(|| {
+                usage(format!(
+                    "--seeds takes FROM..TO, like 1..200 (got {range:?})"
+                ))
+            })?;
+        let started = std::time::Instant::now();
+        let sweep = crate::simulate::sweep(a, b, &policy, |o| {
+            if !o.ok {
+                if cli.json {
+                    println!("{}", json!({"seed": o.seed, "ok": false, "report": o.text}));
+                } else {
+                    eprintln!(
+                        "seed {} FAILED; replay: {replay_env}handoffs sim --seed {} --trace",
+                        o.seed, o.seed
+                    );
+                }
+            }
+        })
+        .map_err(|message| Failure { code: 1, message })?;
+        let wall = started.elapsed();
+        let hours = sweep.virtual_time.as_secs_f64() / 3_600.0;
+        emit(
+            cli,
+            &json!({
+                "runs": sweep.runs,
+                "virtual_hours": hours,
+                "wall_seconds": wall.as_secs_f64(),
+                "failures": sweep.failures,
+            }),
+            || {
+                format!(
+                    "{} runs, {hours:.1} virtual hours in {:.1} s of wall time ({:.0}× faster), {} failed",
+                    sweep.runs,
+                    wall.as_secs_f64(),
+                    sweep.virtual_time.as_secs_f64() / wall.as_secs_f64().max(1e-9),
+                    sweep.failures.len()
+                )
+            },
+        );
+        return if sweep.failures.is_empty() {
+            Ok(())
+        } else {
+            Err(failed(&sweep.failures))
+        };
+    }
+    let seed = seed.unwrap_or(1);
+    let outcome = crate::simulate::run(seed, trace, &policy)
+        .map_err(|message| Failure { code: 1, message })?;
+    let mut text = outcome.text.clone();
+    if !outcome.ok && !replay_env.is_empty() {
+        text.push_str(&format!(
+            "replay this policy with: {replay_env}handoffs sim --seed {seed} --trace\n"
+        ));
+    }
+    emit(
+        cli,
+        &json!({"seed": seed, "ok": outcome.ok, "virtual_ms": outcome.virtual_time.as_millis(), "report": text}),
+        || text.clone(),
+    );
+    if outcome.ok {
+        Ok(())
+    } else {
+        Err(failed(&[seed]))
+    }
 }
 
 /// Runs the command; `Err` carries the exit code and the one line to print.
@@ -517,7 +619,7 @@ pub fn run(cli: &Cli) -> Result<(), Failure> {
         Command::Serve { .. } => not_yet("serve"),
         Command::Mcp { .. } => not_yet("mcp"),
         Command::Demo { .. } => not_yet("demo"),
-        Command::Sim { .. } => not_yet("sim"),
+        Command::Sim { seed, seeds, trace } => sim_cmd(cli, *seed, seeds.as_deref(), *trace),
         Command::Supervise(a) => {
             let sup = Supervise {
                 db: db_path(cli),
@@ -679,12 +781,9 @@ fn engine_cmd(cli: &Cli, interval: Option<Duration>) -> Result<(), Failure> {
             });
         }
     };
-    if let Some(raw) = std::env::var_os("HANDOFFS_POLICY") {
+    if std::env::var_os("HANDOFFS_POLICY").is_some() {
         // Shorter bounds for tests and drills, e.g. {"sending_timeout_ms": 1000}.
-        let raw = raw.to_string_lossy();
-        let policy: model::Policy = serde_json::from_str(&raw)
-            .map_err(|e| usage(format!("HANDOFFS_POLICY is not a valid policy: {e}")))?;
-        engine = engine.with_policy(policy);
+        engine = engine.with_policy(policy_from_env()?);
     }
     let rt = runtime()?;
     match interval {

@@ -282,7 +282,8 @@ impl Store {
     pub fn data_version(&self) -> Result<i64> {
         Ok(self
             .conn
-            .query_row("PRAGMA data_version", [], |r| r.get(0))?)
+            .prepare_cached("PRAGMA data_version")?
+            .query_row([], |r| r.get(0))?)
     }
 }
 

@@ -1,0 +1,252 @@
+//! A simulated agent host: one session that is idle or busy, speaking the command adapter's
+//! HTTP protocol (SPEC §4): `POST /turn` writes one turn (200 with the turn id, 409 when it
+//! refuses), `GET /status/{request_id}` tells what became of a request (404: never seen, so a
+//! history scan is complete), `GET /activity` says idle or busy. A person also starts turns
+//! of their own now and then. Everything it received is kept for the oracle, and survives the
+//! host's crashes (it is the agent's own history).
+
+use crate::net::{Request, elapsed};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// How a turn ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ending {
+    Returned,
+    Failed,
+    Stopped,
+}
+
+impl Ending {
+    fn status(self) -> &'static str {
+        match self {
+            Ending::Returned => "returned",
+            Ending::Failed => "failed",
+            Ending::Stopped => "stopped",
+        }
+    }
+}
+
+/// One write the agent received.
+#[derive(Clone, Debug)]
+pub struct Received {
+    pub request_id: String,
+    /// The agent the write was addressed to (the body's `agent`).
+    pub addressed_to: String,
+    pub at: Duration,
+    /// The session was in a turn when the write arrived, and since when: the app refuses
+    /// such a write (its own check and the write are one step), but an engine that checked
+    /// the session just before could not have known only if the turn began moments ago.
+    pub busy_since: Option<Duration>,
+    /// Whether the agent took it (false: refused).
+    pub taken: bool,
+}
+
+/// The per-turn fault rates an agent draws from.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TurnRates {
+    pub refusal: f64,
+    pub errored: f64,
+    pub interrupted: f64,
+    pub slow: f64,
+    /// Chance per simulated minute that a person starts a turn of their own.
+    pub person: f64,
+}
+
+#[derive(Clone, Debug)]
+struct Turn {
+    /// None for a person's own turn.
+    request_id: Option<String>,
+    began_at: Duration,
+    ends_at: Duration,
+    ending: Ending,
+}
+
+/// One agent's session and history.
+#[derive(Debug)]
+pub struct AgentState {
+    pub id: String,
+    rng: ChaCha8Rng,
+    rates: TurnRates,
+    /// Once healed, the agent takes every write and every turn returns.
+    healed: bool,
+    turn: Option<Turn>,
+    statuses: BTreeMap<String, Ending>,
+    pub received: Vec<Received>,
+    /// Trace lines: (virtual time, text).
+    pub trace: Vec<(Duration, String)>,
+}
+
+/// An agent shared between its host and the oracle.
+pub type Agent = Arc<Mutex<AgentState>>;
+
+impl AgentState {
+    pub fn new(id: &str, seed: u64, rates: TurnRates) -> Agent {
+        Arc::new(Mutex::new(AgentState {
+            id: id.to_owned(),
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            rates,
+            healed: false,
+            turn: None,
+            statuses: BTreeMap::new(),
+            received: Vec::new(),
+            trace: Vec::new(),
+        }))
+    }
+
+    /// From now on no fault: every write is taken and every turn returns, no person turns.
+    pub fn heal(&mut self) {
+        self.healed = true;
+    }
+
+    /// Ends the current turn if its time has come.
+    fn advance(&mut self, now: Duration) {
+        if let Some(turn) = &self.turn
+            && turn.ends_at <= now
+        {
+            if let Some(r) = &turn.request_id {
+                self.statuses.insert(r.clone(), turn.ending);
+            }
+            self.turn = None;
+        }
+    }
+
+    fn busy(&self) -> bool {
+        self.turn.is_some()
+    }
+
+    /// A person starts a turn of their own if the session is idle.
+    fn person_turn(&mut self, now: Duration) {
+        self.advance(now);
+        if self.busy() || self.healed {
+            return;
+        }
+        let len = Duration::from_secs(self.rng.random_range(20..600));
+        self.turn = Some(Turn {
+            request_id: None,
+            began_at: now,
+            ends_at: now + len,
+            ending: Ending::Returned,
+        });
+        self.trace
+            .push((now, format!("person starts a turn of {}s", len.as_secs())));
+    }
+
+    fn chance(&mut self, p: f64) -> bool {
+        !self.healed && p > 0.0 && self.rng.random_bool(p.min(1.0))
+    }
+
+    /// Answers one request of the protocol.
+    pub fn handle(&mut self, req: &Request) -> (u16, String) {
+        let now = elapsed();
+        self.advance(now);
+        match (req.method.as_str(), req.path.as_str()) {
+            ("POST", "/turn") => self.write(req, now),
+            ("GET", "/activity") => {
+                let status = if self.busy() { "busy" } else { "idle" };
+                (200, json!({ "status": status }).to_string())
+            }
+            ("GET", path) if path.starts_with("/status/") => {
+                let id = &path["/status/".len()..];
+                match (self.statuses.get(id), &self.turn) {
+                    (Some(e), _) => (200, json!({ "status": e.status() }).to_string()),
+                    (None, Some(t)) if t.request_id.as_deref() == Some(id) => {
+                        (200, json!({ "status": "running" }).to_string())
+                    }
+                    _ => (404, "{}".to_owned()),
+                }
+            }
+            _ => (404, "{}".to_owned()),
+        }
+    }
+
+    fn write(&mut self, req: &Request, now: Duration) -> (u16, String) {
+        let body: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
+        let request_id = body["request_id"].as_str().unwrap_or_default().to_owned();
+        let addressed_to = body["agent"].as_str().unwrap_or_default().to_owned();
+        let busy_since = self.turn.as_ref().map(|t| t.began_at);
+        let while_busy = busy_since.is_some();
+        let refused = while_busy || self.chance(self.rates.refusal);
+        self.received.push(Received {
+            request_id: request_id.clone(),
+            addressed_to,
+            at: now,
+            busy_since,
+            taken: !refused,
+        });
+        if refused {
+            let why = if while_busy { "busy" } else { "refused" };
+            self.trace
+                .push((now, format!("write {} {why}", short(&request_id))));
+            return (409, json!({ "error": why }).to_string());
+        }
+        let slow = self.chance(self.rates.slow);
+        let secs = if slow {
+            self.rng.random_range(600..3_600)
+        } else {
+            self.rng.random_range(5..300)
+        };
+        let ending = if self.chance(self.rates.errored) {
+            Ending::Failed
+        } else if self.chance(self.rates.interrupted) {
+            Ending::Stopped
+        } else {
+            Ending::Returned
+        };
+        self.turn = Some(Turn {
+            request_id: Some(request_id.clone()),
+            began_at: now,
+            ends_at: now + Duration::from_secs(secs),
+            ending,
+        });
+        self.trace.push((
+            now,
+            format!(
+                "write {} taken: a turn of {secs}s that will end {}",
+                short(&request_id),
+                ending.status()
+            ),
+        ));
+        (
+            200,
+            json!({ "turn_id": request_id, "request_id": request_id }).to_string(),
+        )
+    }
+}
+
+/// The first 8 characters of an id, for traces.
+pub fn short(id: &str) -> &str {
+    id.get(..8).unwrap_or(id)
+}
+
+/// The agent host's software: the protocol server, and a person who starts turns now and
+/// then.
+///
+/// # Errors
+/// When the server cannot listen.
+pub async fn host(agent: Agent) -> Result<(), Box<dyn std::error::Error>> {
+    let person = agent.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            let mut a = person
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let p = a.rates.person;
+            if a.chance(p) {
+                a.person_turn(elapsed());
+            }
+        }
+    });
+    crate::net::serve(move |req| {
+        agent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .handle(&req)
+    })
+    .await
+}

@@ -1,0 +1,897 @@
+//! `handoffs sim`: the real engine, store and command adapter in the simulated world of the
+//! `sim` package (SPEC §9). Agents are turmoil hosts speaking the command adapter's HTTP
+//! protocol; the engine runs in its own host over a real SQLite file in a temporary folder
+//! that survives its crashes; a driver sends handoffs and returns work as agents would; the
+//! faults of the seed's plan strike at their moments; then every fault heals and every
+//! delivery must settle. An oracle compares what the agents received with the engine's
+//! records and judges G1–G8 and liveness. Virtual time, seeded ids, `biased` selects: the same
+//! seed on the same commit prints the same bytes.
+
+use crate::adapter::http::{Call, HttpError, Method, Reply, Transport};
+use crate::engine::Engine;
+use crate::service::{Clock, Service};
+use crate::store::Store;
+use model::{Delivery, Millis, Policy, StateKind};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::{Value, json};
+use sim::agent::{Agent, AgentState, TurnRates, short};
+use sim::status::{Page, StatusPage};
+use sim::{FaultKind, FaultPlan};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The virtual moment a run starts at (2027-01-15): fixed, so records replay.
+const EPOCH_MS: u64 = 1_800_000_000_000;
+/// How long faults strike; then everything heals.
+const FAULT_PHASE: Duration = Duration::from_secs(2 * 3_600);
+/// How long after healing every delivery has to settle.
+const SETTLE_LIMIT: Duration = Duration::from_secs(4 * 3_600);
+/// The simulation's step.
+const TICK: Duration = Duration::from_millis(250);
+/// How long after a provider outage begins the guard must have seen it (its cache, its
+/// timeout, one step).
+const GUARD_LAG: Duration = Duration::from_secs(70);
+
+/// A write may meet a turn that began this shortly before it: the engine's last look at the
+/// session and its write are a few network hops apart (the app refuses such a write itself).
+const BUSY_RACE: Duration = Duration::from_secs(5);
+
+/// Runs so far in this process: each gets its own folder.
+static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// What one run found.
+#[derive(Debug)]
+pub struct Outcome {
+    pub seed: u64,
+    /// The report, byte for byte the same for the same seed and commit.
+    pub text: String,
+    pub ok: bool,
+    pub virtual_time: Duration,
+}
+
+/// A trace shared by the hosts: (virtual time, host, text).
+type Trace = Arc<Mutex<Vec<(Duration, String, String)>>>;
+
+fn note(trace: &Trace, host: &str, text: String) {
+    trace
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push((sim::net::elapsed(), host.to_owned(), text));
+}
+
+/// The engine's HTTP over the simulated network.
+#[derive(Debug)]
+struct SimTransport;
+
+impl Transport for SimTransport {
+    fn call<'a>(
+        &'a self,
+        method: Method,
+        url: &'a str,
+        body: Option<&'a Value>,
+        timeout: Duration,
+    ) -> Call<'a> {
+        Box::pin(async move {
+            let method = match method {
+                Method::Get => "GET",
+                Method::Post => "POST",
+            };
+            let body = body.map(|b| b.to_string().into_bytes());
+            match sim::net::request(method, url, body, timeout).await {
+                Ok((status, body)) => Ok(Reply { status, body }),
+                Err(sim::net::NetError::Connect(e)) => Err(HttpError::Connect(e)),
+                Err(sim::net::NetError::Timeout) => Err(HttpError::Timeout),
+                Err(sim::net::NetError::Other(e)) => Err(HttpError::Other(e)),
+            }
+        })
+    }
+}
+
+fn sim_clock() -> Clock {
+    Arc::new(|| {
+        let ms = u64::try_from(sim::net::elapsed().as_millis()).unwrap_or(u64::MAX);
+        Millis(EPOCH_MS + ms)
+    })
+}
+
+fn agent_name(i: usize) -> String {
+    format!("a{i}")
+}
+
+/// A temporary folder, removed when dropped.
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn hms(d: Duration) -> String {
+    let ms = d.as_millis();
+    format!(
+        "{}:{:02}:{:02}.{:03}",
+        ms / 3_600_000,
+        ms / 60_000 % 60,
+        ms / 1_000 % 60,
+        ms % 1_000
+    )
+}
+
+/// Runs one seed. `policy` is the engine's (the default, or one with a planted bug).
+///
+/// # Errors
+/// When the world cannot be set up (no temporary folder, a store error).
+pub fn run(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, String> {
+    crate::clock::seed_ids(Some(seed));
+    let result = run_seeded(seed, trace_on, policy);
+    crate::clock::seed_ids(None);
+    result
+}
+
+#[allow(clippy::too_many_lines)]
+fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, String> {
+    let plan = FaultPlan::from_seed(seed);
+    let dir = TempDir(std::env::temp_dir().join(format!(
+        "handoffs-sim-{}-{seed}-{}",
+        std::process::id(),
+        RUNS.fetch_add(1, Ordering::SeqCst)
+    )));
+    std::fs::create_dir_all(&dir.0)
+        .map_err(|e| format!("cannot create a temporary folder: {e}"))?;
+    let db = dir.0.join("h.sqlite3");
+    let (store, _) = Store::init(&db).map_err(|e| e.to_string())?;
+    let mut setup = Service::with_clock(store, sim_clock());
+    let names: Vec<String> = (0..plan.agents).map(agent_name).collect();
+    for name in &names {
+        let settings = [
+            ("url".to_owned(), json!(format!("http://{name}/turn"))),
+            (
+                "status_url".to_owned(),
+                json!(format!("http://{name}/status/{{request_id}}")),
+            ),
+            (
+                "activity_url".to_owned(),
+                json!(format!("http://{name}/activity")),
+            ),
+        ];
+        setup
+            .add_agent(name, "command", None, None, None, &settings)
+            .map_err(|e| e.to_string())?;
+    }
+    setup
+        .config_set("outageGuard", r#"{"url": "http://status/summary.json"}"#)
+        .map_err(|e| e.to_string())?;
+    drop(setup);
+
+    let trace: Trace = Arc::default();
+    let rates = TurnRates {
+        refusal: plan.refusal_rate,
+        errored: plan.errored_turn_rate,
+        interrupted: plan.interrupted_turn_rate,
+        slow: plan.slow_turn_rate,
+        person: plan.person_turn_rate,
+    };
+    let agents: Vec<Agent> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| AgentState::new(n, seed.wrapping_mul(31).wrapping_add(i as u64), rates))
+        .collect();
+    let page: Page = Arc::new(Mutex::new(StatusPage::default()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent: Arc<Mutex<Vec<String>>> = Arc::default();
+
+    let mut sim = sim::turmoil::Builder::new()
+        .simulation_duration(FAULT_PHASE + SETTLE_LIMIT + Duration::from_secs(3_600))
+        .tick_duration(TICK)
+        .min_message_latency(Duration::from_millis(1))
+        .max_message_latency(Duration::from_millis(40))
+        .rng_seed(seed)
+        .build();
+    {
+        let page = page.clone();
+        sim.host("status", move || sim::status::host(page.clone()));
+    }
+    for (name, agent) in names.iter().zip(&agents) {
+        let agent = agent.clone();
+        sim.host(name.as_str(), move || sim::agent::host(agent.clone()));
+    }
+    {
+        let db = db.clone();
+        let policy = policy.clone();
+        let trace = trace.clone();
+        sim.host("engine", move || {
+            let db = db.clone();
+            let policy = policy.clone();
+            let trace = trace.clone();
+            async move {
+                note(&trace, "engine", "starts".to_owned());
+                let store = Store::open(&db)?;
+                let service = Service::with_clock(store, sim_clock());
+                let mut engine = Engine::new(service, false)?
+                    .with_policy(policy)
+                    .with_http(crate::adapter::http::Http::new(SimTransport))
+                    .with_watch_interval(Duration::from_secs(1));
+                engine
+                    .run(Duration::from_secs(5), std::future::pending())
+                    .await?;
+                Ok(())
+            }
+        });
+    }
+    {
+        let db = db.clone();
+        let names = names.clone();
+        let trace = trace.clone();
+        let stop = stop.clone();
+        let sent = sent.clone();
+        let handoffs = plan.handoffs;
+        sim.client("driver", async move {
+            driver(&db, seed, &names, handoffs, &trace, &sent, &stop).await?;
+            Ok(())
+        });
+    }
+
+    // The faults as start and end actions, in time order.
+    let mut actions: Vec<(Duration, bool, FaultKind)> = Vec::new();
+    for f in plan.faults(FAULT_PHASE) {
+        actions.push((f.at, true, f.kind.clone()));
+        actions.push((f.at + f.for_, false, f.kind));
+    }
+    actions.sort_by_key(|a| a.0);
+    let mut next_action = 0;
+    let mut violations: BTreeMap<&'static str, Vec<String>> = BTreeMap::new();
+    let mut healed_at: Option<Duration> = None;
+    let mut last_check = Duration::ZERO;
+    let mut settled = false;
+    let checker = rusqlite::Connection::open(&db).map_err(|e| e.to_string())?;
+    loop {
+        let now = sim.elapsed();
+        while healed_at.is_none() && next_action < actions.len() && actions[next_action].0 <= now {
+            let (_, start, kind) = actions[next_action].clone();
+            next_action += 1;
+            apply(&mut sim, &names, &page, &trace, now, start, &kind);
+        }
+        if healed_at.is_none() && now >= FAULT_PHASE {
+            heal(&mut sim, &names, &agents, &page, &trace, now);
+            healed_at = Some(now);
+        }
+        if now >= last_check + Duration::from_secs(60) {
+            last_check = now;
+            for (recipient, n) in active_per_recipient(&checker)? {
+                violations.entry("G3").or_default().push(format!(
+                    "{} deliveries active at once to {recipient} at {}",
+                    n,
+                    hms(now)
+                ));
+            }
+            if let Some(h) = healed_at {
+                if unsettled(&checker)?.is_empty() {
+                    settled = true;
+                    break;
+                }
+                if now > h + SETTLE_LIMIT {
+                    break;
+                }
+            }
+        }
+        match sim.step() {
+            Ok(_) => {}
+            Err(e) => {
+                violations
+                    .entry("sim")
+                    .or_default()
+                    .push(format!("the simulation stopped at {}: {e}", hms(now)));
+                break;
+            }
+        }
+    }
+    let virtual_time = sim.elapsed();
+    stop.store(true, Ordering::SeqCst);
+    // Let the driver see the stop; whatever it is doing ends with the simulation.
+    for _ in 0..200 {
+        if matches!(sim.step(), Ok(true) | Err(_)) {
+            break;
+        }
+    }
+    drop(sim);
+
+    let sent = sent
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    let report = judge(
+        &checker,
+        &agents,
+        &page,
+        &sent,
+        policy,
+        settled,
+        &mut violations,
+    )?;
+
+    let mut out = String::new();
+    let _ = writeln!(out, "handoffs sim --seed {seed}");
+    let _ = writeln!(out, "plan: {plan}");
+    if trace_on {
+        let mut lines = trace
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        for a in &agents {
+            let a = a.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            for (at, text) in &a.trace {
+                lines.push((*at, a.id.clone(), text.clone()));
+            }
+        }
+        lines.extend(report.engine_events.iter().cloned());
+        lines.sort_by_key(|l| l.0);
+        let _ = writeln!(out, "trace:");
+        for (at, host, text) in lines {
+            let _ = writeln!(out, "  {}  {host:<7} {text}", hms(at));
+        }
+    }
+    let _ = writeln!(
+        out,
+        "world: {} handoffs sent, {} deliveries, {} writes received, virtual time {}",
+        sent.len(),
+        report.deliveries,
+        report.writes,
+        hms(virtual_time)
+    );
+    let checks: [(&str, &str); 10] = [
+        ("G1", "exact recipient"),
+        ("G2", "one write per attempt"),
+        ("G3", "never interrupt"),
+        ("G4", "bounded resend"),
+        ("G5", "honest release"),
+        ("G6", "outages hold"),
+        ("G7", "deadlines"),
+        ("G8", "durability (nothing lost)"),
+        ("liveness", "every delivery settles after healing"),
+        ("sim", "the simulation ran to its end"),
+    ];
+    let mut ok = true;
+    for (key, what) in checks {
+        match violations.get(key) {
+            None => {
+                let _ = writeln!(out, "{key:<8} {what}: ok");
+            }
+            Some(v) => {
+                ok = false;
+                let _ = writeln!(out, "{key:<8} {what}: FAILED ({} violations)", v.len());
+                for line in v.iter().take(5) {
+                    let _ = writeln!(out, "           {line}");
+                }
+            }
+        }
+    }
+    if ok {
+        let _ = writeln!(out, "verdict: every guarantee held");
+    } else {
+        let _ = writeln!(
+            out,
+            "verdict: FAILED; replay with: handoffs sim --seed {seed} --trace"
+        );
+    }
+    Ok(Outcome {
+        seed,
+        text: out,
+        ok,
+        virtual_time,
+    })
+}
+
+/// Starts or ends one fault.
+fn apply(
+    sim: &mut sim::turmoil::Sim<'_>,
+    names: &[String],
+    page: &Page,
+    trace: &Trace,
+    now: Duration,
+    start: bool,
+    kind: &FaultKind,
+) {
+    let text = match (kind, start) {
+        (FaultKind::LostReplies(a), true) => {
+            sim.partition_oneway(names[*a].as_str(), "engine");
+            format!("replies from {} are lost", names[*a])
+        }
+        (FaultKind::LostReplies(a), false) => {
+            sim.repair_oneway(names[*a].as_str(), "engine");
+            format!("replies from {} arrive again", names[*a])
+        }
+        (FaultKind::HeldLink(a), true) => {
+            sim.hold("engine", names[*a].as_str());
+            format!("the link to {} holds its messages", names[*a])
+        }
+        (FaultKind::HeldLink(a), false) => {
+            sim.release("engine", names[*a].as_str());
+            format!("the link to {} lets its messages go", names[*a])
+        }
+        (FaultKind::AgentDown(a), true) => {
+            sim.crash(names[*a].as_str());
+            format!("{} goes down", names[*a])
+        }
+        (FaultKind::AgentDown(a), false) => {
+            sim.bounce(names[*a].as_str());
+            format!("{} comes back", names[*a])
+        }
+        (FaultKind::ProviderOutage, on) => {
+            page.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .set(on, now);
+            if on {
+                "the status page reports an outage".to_owned()
+            } else {
+                "the status page is green again".to_owned()
+            }
+        }
+        (FaultKind::EngineCrash, true) => {
+            sim.crash("engine");
+            "the engine crashes".to_owned()
+        }
+        (FaultKind::EngineCrash, false) => {
+            sim.bounce("engine");
+            "the engine restarts".to_owned()
+        }
+    };
+    trace
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push((now, "world".to_owned(), text));
+}
+
+/// Ends every fault: links repaired and released, hosts up, the page green, agents calm.
+fn heal(
+    sim: &mut sim::turmoil::Sim<'_>,
+    names: &[String],
+    agents: &[Agent],
+    page: &Page,
+    trace: &Trace,
+    now: Duration,
+) {
+    for (name, agent) in names.iter().zip(agents) {
+        sim.repair_oneway(name.as_str(), "engine");
+        sim.release("engine", name.as_str());
+        if !sim.is_host_running(name.as_str()) {
+            sim.bounce(name.as_str());
+        }
+        agent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .heal();
+    }
+    if !sim.is_host_running("engine") {
+        sim.bounce("engine");
+    }
+    page.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .set(false, now);
+    trace
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push((now, "world".to_owned(), "every fault heals".to_owned()));
+}
+
+/// The driver: sends the plan's handoffs over the first hour (half of them work, some with
+/// a due time), then returns work whose turn returned, as its recipient would.
+async fn driver(
+    db: &Path,
+    seed: u64,
+    names: &[String],
+    handoffs: usize,
+    trace: &Trace,
+    sent: &Mutex<Vec<String>>,
+    stop: &AtomicBool,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let mut svc = Service::with_clock(Store::open(db)?, sim_clock());
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xd21e);
+    let gap_ms = 3_600_000 / u64::try_from(handoffs.max(1)).unwrap_or(1);
+    for i in 0..handoffs {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(0..2 * gap_ms))).await;
+        let from = rng.random_range(0..names.len());
+        let to = (from + rng.random_range(1..names.len())) % names.len();
+        let work = rng.random_bool(0.5);
+        let title = work.then(|| format!("task {i}"));
+        let due = (work && rng.random_bool(0.3)).then_some(20);
+        let body = format!("handoff {i} from {} to {}", names[from], names[to]);
+        match svc.send(&names[from], &names[to], &body, title.as_deref(), due, None) {
+            Ok(s) => {
+                note(
+                    trace,
+                    "driver",
+                    format!(
+                        "sends {} {} → {}{}",
+                        short(&s.message.id),
+                        names[from],
+                        names[to],
+                        title
+                            .map(|t| format!(" (work \"{t}\")"))
+                            .unwrap_or_default()
+                    ),
+                );
+                sent.lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push(s.message.id);
+            }
+            Err(e) => note(trace, "driver", format!("send refused: {e}")),
+        }
+    }
+    while !stop.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let done = svc.store.read(|tx| {
+            let mut out = Vec::new();
+            for w in tx.open_work(1_000)? {
+                if matches!(w.state.as_str(), "assigned" | "accepted")
+                    && let Some(d) = tx.delivery(&w.id)?
+                    && d.record.kind() == StateKind::Returned
+                {
+                    out.push((w.id.clone(), w.recipient.clone()));
+                }
+            }
+            Ok::<_, crate::store::StoreError>(out)
+        })?;
+        for (id, recipient) in done {
+            if !rng.random_bool(0.7) {
+                continue;
+            }
+            let _ = svc.accept(&id, &recipient);
+            match svc.return_work(&id, &recipient, "done (simulated)", None, false) {
+                Ok(_) => note(
+                    trace,
+                    "driver",
+                    format!("{recipient} returns {}", short(&id)),
+                ),
+                Err(e) => note(trace, "driver", format!("return refused: {e}")),
+            }
+        }
+    }
+    Ok(())
+}
+
+fn active_per_recipient(c: &rusqlite::Connection) -> Result<Vec<(String, i64)>, String> {
+    let mut st = c
+        .prepare(
+            "SELECT recipient, count(*) FROM deliveries WHERE class = 'active'
+             GROUP BY recipient HAVING count(*) > 1 ORDER BY recipient",
+        )
+        .map_err(|e| e.to_string())?;
+    st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .and_then(Iterator::collect)
+        .map_err(|e| e.to_string())
+}
+
+/// Deliveries that have not settled: active, or pending for no reason a person must act on.
+fn unsettled(c: &rusqlite::Connection) -> Result<Vec<String>, String> {
+    let mut st = c
+        .prepare(
+            "SELECT message_id FROM deliveries
+             WHERE state NOT IN ('RETURNED', 'FAILED', 'CANCELLED', 'DUPLICATE', 'UNAVAILABLE', 'HELD')
+             ORDER BY seq",
+        )
+        .map_err(|e| e.to_string())?;
+    st.query_map([], |r| r.get(0))
+        .and_then(Iterator::collect)
+        .map_err(|e| e.to_string())
+}
+
+/// What the oracle saw besides its verdicts.
+struct Report {
+    deliveries: usize,
+    writes: usize,
+    engine_events: Vec<(Duration, String, String)>,
+}
+
+#[allow(clippy::too_many_lines)]
+fn judge(
+    c: &rusqlite::Connection,
+    agents: &[Agent],
+    page: &Page,
+    sent: &[String],
+    policy: &Policy,
+    settled: bool,
+    v: &mut BTreeMap<&'static str, Vec<String>>,
+) -> Result<Report, String> {
+    let err = |e: rusqlite::Error| e.to_string();
+    // The engine's records.
+    let mut st = c
+        .prepare("SELECT message_id, recipient, record FROM deliveries ORDER BY seq")
+        .map_err(err)?;
+    let rows: Vec<(String, String, String)> = st
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .and_then(Iterator::collect)
+        .map_err(err)?;
+    let mut deliveries: Vec<(String, String, Delivery)> = Vec::new();
+    for (id, recipient, raw) in rows {
+        let record: Delivery = serde_json::from_str(&raw)
+            .map_err(|e| format!("delivery {id} does not decode: {e}"))?;
+        deliveries.push((id, recipient, record));
+    }
+    let mut st = c
+        .prepare(
+            "SELECT at, message_id, kind, detail FROM events
+             WHERE message_id IS NOT NULL ORDER BY seq",
+        )
+        .map_err(err)?;
+    let events: Vec<(i64, String, String, String)> = st
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+        .and_then(Iterator::collect)
+        .map_err(err)?;
+    let at =
+        |ms: i64| Duration::from_millis(u64::try_from(ms).unwrap_or(0).saturating_sub(EPOCH_MS));
+    let engine_events: Vec<(Duration, String, String)> = events
+        .iter()
+        .filter(|e| e.2 == "state" || e.2 == "reminder")
+        .map(|(t, id, _, detail)| {
+            (
+                at(*t),
+                "engine".to_owned(),
+                format!("{} {detail}", short(id)),
+            )
+        })
+        .collect();
+
+    // What the agents received, by request id.
+    let mut writes: BTreeMap<String, Vec<(String, sim::agent::Received)>> = BTreeMap::new();
+    let mut total = 0;
+    for a in agents {
+        let a = a.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for r in &a.received {
+            total += 1;
+            writes
+                .entry(r.request_id.clone())
+                .or_default()
+                .push((a.id.clone(), r.clone()));
+            if r.addressed_to != a.id {
+                v.entry("G1").or_default().push(format!(
+                    "{} received a write addressed to {} ({})",
+                    a.id,
+                    r.addressed_to,
+                    short(&r.request_id)
+                ));
+            }
+            if let Some(since) = r.busy_since
+                && r.at > since + BUSY_RACE
+            {
+                v.entry("G3").or_default().push(format!(
+                    "{} received {} at {} in a turn that began at {}",
+                    a.id,
+                    short(&r.request_id),
+                    hms(r.at),
+                    hms(since)
+                ));
+            }
+        }
+    }
+    let per_id = 1 + policy.refusal_retries_max;
+    for (rid, got) in &writes {
+        // A request id is written again only after an explicit refusal, and at most
+        // `refusal_retries_max` times.
+        let again_after_taken = got.windows(2).any(|w| w[0].1.taken);
+        if again_after_taken || got.len() > usize::try_from(per_id).unwrap_or(usize::MAX) {
+            v.entry("G2").or_default().push(format!(
+                "request {} was written {} times ({})",
+                short(rid),
+                got.len(),
+                got.iter()
+                    .map(|g| format!(
+                        "{}{}",
+                        hms(g.1.at),
+                        if g.1.taken { " taken" } else { " refused" }
+                    ))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+    }
+
+    let mut known: BTreeSet<String> = BTreeSet::new();
+    let max_resends = policy.error_resends_max + policy.interrupt_resends_max;
+    for (id, recipient, record) in &deliveries {
+        let core = record.core();
+        let mut ids: Vec<String> = core
+            .earlier_request_ids()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        ids.push(core.request_id().to_string());
+        let mut received = Vec::new();
+        for rid in &ids {
+            known.insert(rid.clone());
+            for (host, r) in writes.get(rid).into_iter().flatten() {
+                if host != recipient {
+                    v.entry("G1").or_default().push(format!(
+                        "a write of {} to {recipient} reached {host}",
+                        short(id)
+                    ));
+                }
+                received.push(r.clone());
+            }
+        }
+        let n = received.len();
+        if n > ids.len() * usize::try_from(per_id).unwrap_or(usize::MAX) {
+            v.entry("G2").or_default().push(format!(
+                "{} reached its recipient {n} times with {} request ids",
+                short(id),
+                ids.len()
+            ));
+        }
+        let resends = u32::try_from(ids.len() - 1).unwrap_or(u32::MAX);
+        if resends > max_resends
+            || core.error_resends() > policy.error_resends_max
+            || core.interrupt_resends() > policy.interrupt_resends_max
+        {
+            v.entry("G4").or_default().push(format!(
+                "{} was resent {resends} times ({} after errors, {} after interruptions)",
+                short(id),
+                core.error_resends(),
+                core.interrupt_resends()
+            ));
+        }
+        // Nothing is resent from UNCERTAIN or CANCELLED: the engine's state events never
+        // take a delivery from UNCERTAIN back to a queue (it leaves UNCERTAIN only when the
+        // turn is observed, or by release), nor out of CANCELLED, and every write of a
+        // request id first issued after such a move would show it.
+        for (t, _, _, detail) in events.iter().filter(|e| e.1 == *id && e.2 == "state") {
+            let Some((from, rest)) = detail.split_once(" → ") else {
+                continue;
+            };
+            let to = rest.split(':').next().unwrap_or_default();
+            let resumes = matches!(
+                to,
+                "ACCEPTED" | "RUNNING" | "RETURNED" | "FAILED" | "CANCELLED"
+            );
+            if (from == "UNCERTAIN" && !resumes) || from == "CANCELLED" {
+                v.entry("G4").or_default().push(format!(
+                    "{} went {from} → {to} at {}",
+                    short(id),
+                    hms(at(*t))
+                ));
+            }
+        }
+        if record.kind() == StateKind::Cancelled
+            && let Some(r) = received.iter().find(|r| r.taken)
+        {
+            v.entry("G5").or_default().push(format!(
+                "{} was cancelled, but {} took {} at {}",
+                short(id),
+                recipient,
+                short(&r.request_id),
+                hms(r.at)
+            ));
+        }
+    }
+    for rid in writes.keys() {
+        if !known.contains(rid) {
+            v.entry("G2").or_default().push(format!(
+                "a write with request {} belongs to no delivery",
+                short(rid)
+            ));
+        }
+    }
+
+    // G6: no write taken while the guard must have seen the outage.
+    let windows = page
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .windows
+        .clone();
+    for a in agents {
+        let a = a.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for r in &a.received {
+            for (from, until) in &windows {
+                let after = *from + GUARD_LAG;
+                if r.at > after && until.is_none_or(|u| r.at < u) {
+                    v.entry("G6").or_default().push(format!(
+                        "{} received {} at {} during the outage from {}",
+                        a.id,
+                        short(&r.request_id),
+                        hms(r.at),
+                        hms(*from)
+                    ));
+                }
+            }
+        }
+    }
+
+    // G7: overdue work reminds its sender exactly once, with no delivery.
+    let mut st = c
+        .prepare(
+            "SELECT w.id, w.due_at, w.reminded_at, w.state,
+                    (SELECT count(*) FROM messages m WHERE m.work_id = w.id AND m.kind = 'reminder'),
+                    (SELECT count(*) FROM messages m JOIN deliveries d ON d.message_id = m.id
+                      WHERE m.work_id = w.id AND m.kind = 'reminder')
+             FROM work w WHERE w.due_at IS NOT NULL ORDER BY w.created_at",
+        )
+        .map_err(err)?;
+    let work: Vec<(String, i64, Option<i64>, String, i64, i64)> = st
+        .query_map([], |r| {
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                r.get(3)?,
+                r.get(4)?,
+                r.get(5)?,
+            ))
+        })
+        .and_then(Iterator::collect)
+        .map_err(err)?;
+    for (id, _, reminded, _, reminders, delivered) in &work {
+        if *reminders > 1 || (reminded.is_some() && *reminders != 1) {
+            v.entry("G7")
+                .or_default()
+                .push(format!("work {} has {reminders} reminders", short(id)));
+        }
+        if *delivered > 0 {
+            v.entry("G7")
+                .or_default()
+                .push(format!("a reminder of {} became a turn", short(id)));
+        }
+    }
+
+    // G8: every handoff sent has its delivery.
+    let enrolled: BTreeSet<&str> = deliveries.iter().map(|d| d.0.as_str()).collect();
+    for id in sent {
+        if !enrolled.contains(id.as_str()) {
+            v.entry("G8")
+                .or_default()
+                .push(format!("handoff {} has no delivery", short(id)));
+        }
+    }
+    if !settled {
+        for id in unsettled(c)? {
+            let state = deliveries
+                .iter()
+                .find(|d| d.0 == id)
+                .map_or("?", |d| d.2.kind().as_str());
+            v.entry("liveness").or_default().push(format!(
+                "{} is still {state} {} after every fault healed",
+                short(&id),
+                hms(SETTLE_LIMIT)
+            ));
+        }
+    }
+    Ok(Report {
+        deliveries: deliveries.len(),
+        writes: total,
+        engine_events,
+    })
+}
+
+/// A sweep's summary.
+#[derive(Debug, Default)]
+pub struct Sweep {
+    pub runs: u64,
+    pub failures: Vec<u64>,
+    pub virtual_time: Duration,
+}
+
+/// Runs seeds `from..=to`, calling `each` with every outcome.
+///
+/// # Errors
+/// When a world cannot be set up.
+pub fn sweep(
+    from: u64,
+    to: u64,
+    policy: &Policy,
+    mut each: impl FnMut(&Outcome),
+) -> Result<Sweep, String> {
+    let mut s = Sweep::default();
+    for seed in from..=to {
+        let o = run(seed, false, policy)?;
+        s.runs += 1;
+        s.virtual_time += o.virtual_time;
+        if !o.ok {
+            s.failures.push(seed);
+        }
+        each(&o);
+    }
+    Ok(s)
+}
