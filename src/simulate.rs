@@ -33,9 +33,10 @@ const FAULT_PHASE: Duration = Duration::from_secs(2 * 3_600);
 const SETTLE_LIMIT: Duration = Duration::from_secs(4 * 3_600);
 /// The simulation's step.
 const TICK: Duration = Duration::from_millis(250);
-/// How long after a provider outage begins the guard must have seen it (its cache, its
-/// timeout, one step).
-const GUARD_LAG: Duration = Duration::from_secs(70);
+/// How long after a provider outage begins a write may still arrive from a correct engine:
+/// the guard's 60 s cache and 5 s timeout, then a delivery already past its check whose
+/// activity request may wait out a held link (40 s) or the 30 s HTTP timeout.
+const GUARD_LAG: Duration = Duration::from_secs(150);
 
 /// A write may meet a turn that began this shortly before it: the engine's last look at the
 /// session and its write are a few network hops apart (the app refuses such a write itself).
@@ -128,10 +129,16 @@ fn hms(d: Duration) -> String {
 /// # Errors
 /// When the world cannot be set up (no temporary folder, a store error).
 pub fn run(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, String> {
+    /// Puts the thread's ids back to random even if the run panics.
+    struct Seeded;
+    impl Drop for Seeded {
+        fn drop(&mut self) {
+            crate::clock::seed_ids(None);
+        }
+    }
     crate::clock::seed_ids(Some(seed));
-    let result = run_seeded(seed, trace_on, policy);
-    crate::clock::seed_ids(None);
-    result
+    let _seeded = Seeded;
+    run_seeded(seed, trace_on, policy)
 }
 
 #[allow(clippy::too_many_lines)]
@@ -572,7 +579,7 @@ fn unsettled(c: &rusqlite::Connection) -> Result<Vec<String>, String> {
     let mut st = c
         .prepare(
             "SELECT message_id FROM deliveries
-             WHERE state NOT IN ('RETURNED', 'FAILED', 'CANCELLED', 'DUPLICATE', 'UNAVAILABLE', 'HELD')
+             WHERE state NOT IN ('RETURNED', 'ACKNOWLEDGED', 'FAILED', 'CANCELLED', 'DUPLICATE', 'UNAVAILABLE', 'HELD')
              ORDER BY seq",
         )
         .map_err(|e| e.to_string())?;
@@ -755,8 +762,11 @@ fn judge(
                 ));
             }
         }
+        // Scans look for the attempt in flight (the current request id); earlier attempts
+        // ended as observed failures before their resend.
+        let current = core.request_id().to_string();
         if record.kind() == StateKind::Cancelled
-            && let Some(r) = received.iter().find(|r| r.taken)
+            && let Some(r) = received.iter().find(|r| r.taken && r.request_id == current)
         {
             v.entry("G5").or_default().push(format!(
                 "{} was cancelled, but {} took {} at {}",

@@ -335,8 +335,16 @@ fn policy_from_env() -> Result<model::Policy, Failure> {
 /// `handoffs sim`: runs before any runtime exists (a turmoil simulation builds its own).
 fn sim_cmd(cli: &Cli, seed: Option<u64>, seeds: Option<&str>, trace: bool) -> Result<(), Failure> {
     let policy = policy_from_env()?;
+    // A planted bug replays only in a build that has it.
     let replay_env = std::env::var("HANDOFFS_POLICY")
-        .map(|p| format!("HANDOFFS_POLICY='{p}' "))
+        .map(|p| {
+            let build = if p.contains("planted_bug") {
+                "(a build with --features planted-bugs) "
+            } else {
+                ""
+            };
+            format!("{build}HANDOFFS_POLICY='{p}' ")
+        })
         .unwrap_or_default();
     let failed = |seeds: &[u64]| Failure {
         code: 1,
