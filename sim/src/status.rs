@@ -1,7 +1,6 @@
 //! A simulated provider status page (Statuspage `summary.json`), for the engine's outage
 //! guard. The runner flips it; the oracle keeps when it was flipped.
 
-use crate::net::elapsed;
 use serde_json::json;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -44,7 +43,6 @@ pub async fn host(page: Page) -> Result<(), Box<dyn std::error::Error>> {
         } else {
             ("none", "All systems operational")
         };
-        let _ = elapsed();
         (
             200,
             json!({"status": {"indicator": indicator, "description": description}}).to_string(),
