@@ -4,8 +4,10 @@
 
 pub mod adapter;
 pub mod clock;
+pub mod context;
 pub mod engine;
 pub mod front;
+pub mod ledger;
 pub mod service;
 pub mod simulate;
 pub mod store;

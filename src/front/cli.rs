@@ -111,13 +111,17 @@ pub enum Command {
         #[arg(long)]
         note: Option<String>,
     },
-    /// Stdio MCP server for one agent (arrives with the MCP issue).
+    /// Stdio MCP server acting as one agent (its identity is fixed for the whole session).
     Mcp {
         #[arg(long)]
         agent: String,
-        #[arg(long)]
+        /// A folder of Markdown files served as project memory (context_* tools).
+        #[arg(long, value_name = "DIR")]
         context_library: Option<PathBuf>,
     },
+    /// The workspace's task ledger: briefs, the one writer lease, the handoff budget.
+    #[command(subcommand)]
+    Task(TaskCmd),
     /// Four simulated agents on a live page (arrives with the web issue).
     Demo {
         #[arg(long)]
@@ -178,6 +182,92 @@ pub enum AgentCmd {
     List,
     /// Remove an agent.
     Remove { id: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TaskCmd {
+    /// Create a task brief (queued).
+    Create {
+        #[command(flatten)]
+        actor: Actor,
+        #[arg(long)]
+        title: String,
+        #[arg(long)]
+        goal: String,
+        #[arg(long)]
+        constraints: Option<String>,
+        /// Queue it for this agent only.
+        #[arg(long = "for", value_name = "AGENT")]
+        target: Option<String>,
+        /// The handoff budget, 0–16.
+        #[arg(long, default_value_t = crate::ledger::HANDOFF_CAP_DEFAULT)]
+        cap: i64,
+    },
+    /// Take the workspace's writer lease for a task; prints the lease token.
+    Claim {
+        id: String,
+        #[command(flatten)]
+        actor: Actor,
+        #[arg(long)]
+        minutes: Option<i64>,
+    },
+    /// Extend your lease.
+    Renew {
+        id: String,
+        #[command(flatten)]
+        actor: Actor,
+        #[arg(long)]
+        token: String,
+        #[arg(long)]
+        minutes: Option<i64>,
+    },
+    /// Record your progress, release the lease and queue the task for another agent.
+    Pass {
+        id: String,
+        #[command(flatten)]
+        actor: Actor,
+        #[arg(long)]
+        token: String,
+        #[arg(long)]
+        summary: String,
+        #[arg(long = "next")]
+        next_action: String,
+        /// A changed file (repeatable; merged into the task's set).
+        #[arg(long = "file")]
+        files: Vec<String>,
+        #[arg(long = "to", value_name = "AGENT")]
+        target: String,
+    },
+    /// Mark your task done and release the lease.
+    Complete {
+        id: String,
+        #[command(flatten)]
+        actor: Actor,
+        #[arg(long)]
+        token: String,
+        #[arg(long)]
+        summary: Option<String>,
+        #[arg(long = "file")]
+        files: Vec<String>,
+    },
+    /// A task with its history.
+    Show { id: String },
+    /// Tasks, newest first.
+    List {
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+    },
+    /// A person adds handoffs to a task's budget (and releases it from needs_human).
+    Resume {
+        id: String,
+        #[arg(long, default_value_t = 1)]
+        add: i64,
+        /// Who is resuming it, for the history.
+        #[arg(long, default_value = "person")]
+        by: String,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -429,6 +519,162 @@ fn sim_cmd(cli: &Cli, seed: Option<u64>, seeds: Option<&str>, trace: bool) -> Re
     }
 }
 
+fn task(cli: &Cli, cmd: &TaskCmd) -> Result<(), Failure> {
+    use crate::ledger::{Ledger, Task, find_root};
+    let cwd = std::env::current_dir().map_err(|e| usage(format!("no current folder: {e}")))?;
+    let mut l = Ledger::open_root(&find_root(&cwd)?)?;
+    let line = |t: &Task| {
+        format!(
+            "{}  {:<11} {}  (budget {}/{}{}{})",
+            short(&t.id),
+            t.state,
+            one_line(&t.title, 60),
+            t.handoffs_used,
+            t.handoff_cap,
+            t.owner
+                .as_deref()
+                .map(|o| format!(", owner {o}"))
+                .unwrap_or_default(),
+            t.target_agent
+                .as_deref()
+                .map(|o| format!(", for {o}"))
+                .unwrap_or_default(),
+        )
+    };
+    match cmd {
+        TaskCmd::Create {
+            actor,
+            title,
+            goal,
+            constraints,
+            target,
+            cap,
+        } => {
+            let t = l.create(
+                &actor.as_agent,
+                title,
+                goal,
+                constraints.as_deref(),
+                target.as_deref(),
+                Some(*cap),
+            )?;
+            emit(cli, &t, || format!("created {}", line(&t)));
+        }
+        TaskCmd::Claim { id, actor, minutes } => {
+            let c = l.claim(&actor.as_agent, id, *minutes)?;
+            for w in &c.warnings {
+                eprintln!("handoffs: warning: {w}");
+            }
+            emit(cli, &c, || {
+                format!(
+                    "claimed {}\nlease token: {}\nuntil {}",
+                    line(&c.task),
+                    c.lease.token,
+                    when(c.lease.expires_at)
+                )
+            });
+        }
+        TaskCmd::Renew {
+            id,
+            actor,
+            token,
+            minutes,
+        } => {
+            let lease = l.renew(&actor.as_agent, id, token, *minutes)?;
+            emit(cli, &lease, || {
+                format!("lease until {}", when(lease.expires_at))
+            });
+        }
+        TaskCmd::Pass {
+            id,
+            actor,
+            token,
+            summary,
+            next_action,
+            files,
+            target,
+        } => {
+            let p = l.pass(
+                &actor.as_agent,
+                id,
+                token,
+                summary,
+                next_action,
+                files,
+                target,
+            )?;
+            emit(cli, &p, || {
+                format!(
+                    "passed to {target}: {} ({} handoffs left)",
+                    line(&p.task),
+                    p.handoffs_left
+                )
+            });
+        }
+        TaskCmd::Complete {
+            id,
+            actor,
+            token,
+            summary,
+            files,
+        } => {
+            let t = l.complete(&actor.as_agent, id, token, summary.as_deref(), files)?;
+            emit(cli, &t, || format!("done {}", line(&t)));
+        }
+        TaskCmd::Show { id } => {
+            let d = l.show(id)?;
+            emit(cli, &d, || {
+                let t = &d.task;
+                let mut out = format!("{}\ngoal: {}\n", line(t), t.goal);
+                if let Some(c) = &t.constraints {
+                    out.push_str(&format!("constraints: {c}\n"));
+                }
+                if let Some(s) = &t.summary {
+                    out.push_str(&format!("summary: {s}\n"));
+                }
+                if let Some(n) = &t.next_action {
+                    out.push_str(&format!("next: {n}\n"));
+                }
+                if !t.changed_files.is_empty() {
+                    out.push_str(&format!("changed: {}\n", t.changed_files.join(", ")));
+                }
+                if let Some(lease) = &d.lease {
+                    out.push_str(&format!(
+                        "lease: {} until {}\n",
+                        lease.holder,
+                        when(lease.expires_at)
+                    ));
+                }
+                for e in &d.events {
+                    out.push_str(&format!(
+                        "{}  {:<13} {}  {}\n",
+                        when(e.at),
+                        e.kind,
+                        e.actor,
+                        e.detail
+                    ));
+                }
+                out
+            });
+        }
+        TaskCmd::List { state, limit } => {
+            let ts = l.list(state.as_deref(), *limit)?;
+            emit(cli, &ts, || {
+                if ts.is_empty() {
+                    "no tasks".to_owned()
+                } else {
+                    ts.iter().map(|t| line(t) + "\n").collect()
+                }
+            });
+        }
+        TaskCmd::Resume { id, add, by } => {
+            let t = l.resume(by, id, *add)?;
+            emit(cli, &t, || format!("resumed {}", line(&t)));
+        }
+    }
+    Ok(())
+}
+
 /// Runs the command; `Err` carries the exit code and the one line to print.
 pub fn run(cli: &Cli) -> Result<(), Failure> {
     match &cli.command {
@@ -625,7 +871,15 @@ pub fn run(cli: &Cli) -> Result<(), Failure> {
             engine_cmd(cli, Some(Duration::from_secs_f64(*interval)))
         }
         Command::Serve { .. } => not_yet("serve"),
-        Command::Mcp { .. } => not_yet("mcp"),
+        Command::Mcp {
+            agent,
+            context_library,
+        } => Ok(crate::front::mcp::serve_stdio(
+            &db_path(cli),
+            agent,
+            context_library.as_deref(),
+        )?),
+        Command::Task(cmd) => task(cli, cmd),
         Command::Demo { .. } => not_yet("demo"),
         Command::Sim { seed, seeds, trace } => sim_cmd(cli, *seed, seeds.as_deref(), *trace),
         Command::Supervise(a) => {

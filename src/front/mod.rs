@@ -2,3 +2,4 @@
 //! hold no delivery logic; errors are mapped to exit codes (or HTTP statuses) in one place.
 
 pub mod cli;
+pub mod mcp;

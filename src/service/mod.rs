@@ -922,6 +922,11 @@ impl Service {
         })
     }
 
+    /// When the engine last reported (None: never).
+    pub fn engine_reported_at(&mut self) -> Result<Option<i64>> {
+        self.store.read(|tx| Ok(tx.report()?.map(|r| r.0)))
+    }
+
     pub fn events_after(&mut self, after: i64, limit: i64) -> Result<Vec<EventRow>> {
         self.store.read(|tx| Ok(tx.events_after(after, limit)?))
     }

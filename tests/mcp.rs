@@ -1,0 +1,347 @@
+//! The MCP server in process, through rmcp's own client over an in-memory pipe: the tools and
+//! their schemas, sending as one agent and reading as another, the identity guard, bad input on
+//! every tool, and the workspace lease under a race.
+
+mod common;
+
+use handoffs::front::mcp::McpServer;
+use rmcp::model::{CallToolRequestParams, CallToolResult, JsonObject};
+use rmcp::service::RunningService;
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::{Value, json};
+use std::path::Path;
+
+type Client = RunningService<RoleClient, ()>;
+
+async fn connect(server: McpServer) -> Client {
+    let (client_io, server_io) = tokio::io::duplex(1 << 20);
+    tokio::spawn(async move {
+        if let Ok(running) = server.serve(server_io).await {
+            let _ = running.waiting().await;
+        }
+    });
+    ().serve(client_io).await.expect("client connects")
+}
+
+fn server(w: &common::World, agent: &str, root: &Path, library: Option<&Path>) -> McpServer {
+    McpServer::new(&w.db, agent, library)
+        .expect("server starts")
+        .with_ledger_root(root.to_owned())
+}
+
+async fn call(c: &Client, tool: &str, args: Value) -> CallToolResult {
+    let obj: JsonObject = serde_json::from_value(args).expect("object");
+    c.call_tool(CallToolRequestParams::new(tool.to_owned()).with_arguments(obj))
+        .await
+        .expect("a tool call always gets a result")
+}
+
+fn ok(r: &CallToolResult) -> Value {
+    assert_eq!(r.is_error, Some(false), "tool error: {r:?}");
+    r.structured_content.clone().expect("structured result")
+}
+
+fn err_text(r: &CallToolResult) -> String {
+    assert_eq!(r.is_error, Some(true), "expected a tool error, got {r:?}");
+    serde_json::to_string(&r.content).unwrap_or_default()
+}
+
+fn world() -> (common::World, std::path::PathBuf) {
+    let w = common::World::new();
+    for a in ["alice", "bob"] {
+        w.ok(&["agent", "add", a, "--provider", "demo"]);
+    }
+    let root = w.dir.path().join("project");
+    std::fs::create_dir_all(root.join(".git")).expect("project");
+    (w, root)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_as_one_agent_read_as_another_and_never_as_anyone_else() {
+    let (w, root) = world();
+    let lib = w.dir.path().join("memory");
+    let alice = connect(server(&w, "alice", &root, Some(&lib))).await;
+    let bob = connect(server(&w, "bob", &root, None)).await;
+
+    let tools = alice.list_all_tools().await.expect("tools");
+    let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
+    for t in [
+        "send_handoff",
+        "inbox",
+        "read_message",
+        "accept_work",
+        "return_work",
+        "close_work",
+        "handoff_status",
+        "list_agents",
+        "wait_for_messages",
+        "create_handoff",
+        "claim_handoff",
+        "renew_handoff",
+        "pass_handoff",
+        "complete_handoff",
+        "show_handoff",
+        "list_handoffs",
+        "context_brief",
+        "context_search",
+        "context_get",
+        "context_record",
+        "context_supersede",
+        "context_status",
+    ] {
+        assert!(names.contains(&t), "{t} missing from {names:?}");
+    }
+    let inbox = tools.iter().find(|t| t.name == "inbox").expect("inbox");
+    assert_eq!(
+        inbox.annotations.as_ref().and_then(|a| a.read_only_hint),
+        Some(true)
+    );
+    let send = tools
+        .iter()
+        .find(|t| t.name == "send_handoff")
+        .expect("send");
+    assert_eq!(send.input_schema["type"], json!("object"));
+    assert!(send.input_schema["properties"].get("from").is_none());
+    // Bob's server has no context library, so no context tools.
+    let bob_tools = bob.list_all_tools().await.expect("tools");
+    assert!(bob_tools.iter().all(|t| !t.name.starts_with("context_")));
+
+    let sent = ok(&call(
+        &alice,
+        "send_handoff",
+        json!({"to": "bob", "message": "Please review PR 7", "title": "Review"}),
+    )
+    .await);
+    assert_eq!(sent["created"], json!(true));
+    assert!(
+        sent["warning"]
+            .as_str()
+            .is_some_and(|w| w.contains("engine")),
+        "{sent}"
+    );
+    let id = sent["id"].as_str().expect("id").to_owned();
+    let inbox = ok(&call(&bob, "inbox", json!({})).await);
+    assert_eq!(inbox["messages"][0]["id"], json!(id));
+    assert_eq!(inbox["messages"][0]["from"], json!("alice"));
+    let read = ok(&call(&bob, "read_message", json!({"id": &id[..8]})).await);
+    assert_eq!(read["body"], json!("Please review PR 7"));
+    ok(&call(&bob, "accept_work", json!({"id": id})).await);
+    let err = err_text(&call(&alice, "return_work", json!({"id": id, "summary": "x"})).await);
+    assert!(err.contains("bob"), "{err}");
+    ok(&call(&bob, "return_work", json!({"id": id, "summary": "LGTM"})).await);
+    ok(&call(
+        &alice,
+        "close_work",
+        json!({"id": id, "outcome": "accepted"}),
+    )
+    .await);
+
+    // The identity guard: every spelling of a sender is refused, and nothing is stored.
+    for key in [
+        "from",
+        "sender",
+        "as",
+        "agent",
+        "fromAgent",
+        "from_agent",
+        "Sender-Id",
+        "actor",
+    ] {
+        let mut args = json!({"to": "alice", "message": "spoofed"});
+        args[key] = json!("alice");
+        let err = err_text(&call(&bob, "send_handoff", args).await);
+        assert!(err.contains("acts only as bob"), "{key}: {err}");
+    }
+    let err = err_text(
+        &call(
+            &alice,
+            "context_record",
+            json!({"title": "t", "body": "b", "author": "bob"}),
+        )
+        .await,
+    );
+    assert!(err.contains("acts only as alice"), "{err}");
+    let inbox = ok(&call(&alice, "inbox", json!({"unread_only": false})).await);
+    assert!(
+        inbox["messages"]
+            .as_array()
+            .expect("list")
+            .iter()
+            .all(|m| m["preview"] != json!("spoofed")),
+        "{inbox}"
+    );
+
+    // Project memory is authored by the server's agent.
+    let rec = ok(&call(
+        &alice,
+        "context_record",
+        json!({"title": "Flaky test", "body": "login fails under load"}),
+    )
+    .await);
+    assert_eq!(rec["record"]["author"], json!("alice"));
+    let hits = ok(&call(&alice, "context_search", json!({"query": "LOGIN"})).await);
+    assert_eq!(hits["hits"].as_array().map(Vec::len), Some(1));
+    let file = std::fs::read_to_string(lib.join(rec["record"]["file"].as_str().expect("file")))
+        .expect("file");
+    assert!(file.contains("author: alice"), "{file}");
+
+    alice.cancel().await.ok();
+    bob.cancel().await.ok();
+}
+
+/// Arguments that break each property of a tool's input schema in turn.
+fn bad_arguments(schema: &JsonObject) -> Vec<Value> {
+    let mut out = vec![json!({}), json!({"no_such_argument": 1})];
+    let props = schema
+        .get("properties")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    let mut valid = json!({});
+    for (k, p) in &props {
+        let ty = p.get("type").cloned().unwrap_or(Value::Null);
+        valid[k] = if ty.to_string().contains("string") {
+            json!("abcdef")
+        } else {
+            json!(1)
+        };
+    }
+    for (k, p) in &props {
+        let ty = p.get("type").map(Value::to_string).unwrap_or_default();
+        let mut wrong = valid.clone();
+        wrong[k] = if ty.contains("string") {
+            json!(12)
+        } else {
+            json!("twelve")
+        };
+        out.push(wrong);
+        let mut nested = valid.clone();
+        nested[k] = json!({"deep": [1, 2, {"x": null}]});
+        out.push(nested);
+        if ty.contains("string") || ty.contains("array") {
+            let mut big = valid.clone();
+            big[k] = if ty.contains("array") {
+                json!(vec!["x".repeat(2_000); 2_000])
+            } else {
+                json!("x".repeat(300_000))
+            };
+            out.push(big);
+        }
+        let mut negative = valid.clone();
+        if !ty.contains("string") {
+            negative[k] = json!(-99_999_999_999i64);
+            out.push(negative);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_tool_answers_bad_input_with_a_tool_error() {
+    let (w, root) = world();
+    let lib = w.dir.path().join("memory");
+    let alice = connect(server(&w, "alice", &root, Some(&lib))).await;
+    let tools = alice.list_all_tools().await.expect("tools");
+    let mut calls = 0;
+    for t in &tools {
+        if t.name == "wait_for_messages" {
+            // Bounded by its own timeout; checked below with a short one.
+            continue;
+        }
+        for args in bad_arguments(&t.input_schema) {
+            let r = call(&alice, &t.name, args.clone()).await;
+            calls += 1;
+            // list_agents and context_status take nothing, so {} is valid for them; the others
+            // must refuse what breaks their schema.
+            let empty_ok = args == json!({})
+                && [
+                    "list_agents",
+                    "context_status",
+                    "inbox",
+                    "list_handoffs",
+                    "handoff_status",
+                    "context_brief",
+                ]
+                .contains(&t.name.as_ref());
+            if !empty_ok {
+                assert_eq!(r.is_error, Some(true), "{} {args:.200}: {r:?}", t.name);
+            }
+        }
+    }
+    let r = call(&alice, "wait_for_messages", json!({"timeout_seconds": 51})).await;
+    err_text(&r);
+    let r = call(
+        &alice,
+        "wait_for_messages",
+        json!({"timeout_seconds": "soon"}),
+    )
+    .await;
+    err_text(&r);
+    let r = call(&alice, "no_such_tool", json!({})).await;
+    err_text(&r);
+    assert!(calls > 100, "{calls}");
+    // Still serving.
+    assert!(!alice.list_all_tools().await.expect("tools").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_writer_lease_per_workspace_under_a_race() {
+    let (w, root) = world();
+    let alice = connect(server(&w, "alice", &root, None)).await;
+    let bob = connect(server(&w, "bob", &root, None)).await;
+    for round in 0..10 {
+        let t1 = ok(&call(&alice, "create_handoff", json!({"title": "A", "goal": "a"})).await);
+        let t2 = ok(&call(&alice, "create_handoff", json!({"title": "B", "goal": "b"})).await);
+        let (ra, rb) = tokio::join!(
+            call(
+                &alice,
+                "claim_handoff",
+                json!({"task_id": t1["task"]["id"]})
+            ),
+            call(&bob, "claim_handoff", json!({"task_id": t2["task"]["id"]})),
+        );
+        let winners = [&ra, &rb]
+            .iter()
+            .filter(|r| r.is_error == Some(false))
+            .count();
+        assert_eq!(winners, 1, "round {round}: {ra:?} {rb:?}");
+        let (winner, task) = if ra.is_error == Some(false) {
+            (&alice, &t1)
+        } else {
+            (&bob, &t2)
+        };
+        // The server remembers its token; completing frees the workspace.
+        ok(&call(
+            winner,
+            "complete_handoff",
+            json!({"task_id": task["task"]["id"]}),
+        )
+        .await);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_for_messages_returns_when_mail_arrives() {
+    let (w, root) = world();
+    let bob = connect(server(&w, "bob", &root, None)).await;
+    let r = ok(&call(&bob, "wait_for_messages", json!({"timeout_seconds": 1})).await);
+    assert_eq!(r["timed_out"], json!(true));
+    let db = w.db.clone();
+    let sender = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let mut s = handoffs::service::Service::new(handoffs::store::Store::open(&db).expect("db"));
+        s.send("alice", "bob", "wake up", None, None, None)
+            .expect("send");
+    });
+    let started = std::time::Instant::now();
+    let r = ok(&call(&bob, "wait_for_messages", json!({"timeout_seconds": 20})).await);
+    sender.join().expect("sender");
+    assert_eq!(r["timed_out"], json!(false), "{r}");
+    assert_eq!(r["messages"][0]["preview"], json!("wake up"));
+    // Woken by the file watch, not by the 2 s fallback tick.
+    assert!(
+        started.elapsed() < std::time::Duration::from_millis(1_900),
+        "{:?}",
+        started.elapsed()
+    );
+}
