@@ -70,10 +70,19 @@ pub fn start(service: &mut Service, w: &Write<'_>) -> WriteOutcome {
         detail: None,
     };
     match service.store.write(|tx| tx.insert_run(&row)) {
-        Ok(()) => WriteOutcome::Receipt {
-            turn: TurnId::new(w.request_id),
-            request_id: Some(model::RequestId::new(w.request_id)),
-        },
+        Ok(()) => {
+            // The demo agent takes on work it was given as its turn starts, as a real one
+            // would with `handoffs accept`.
+            if w.message.kind == "work"
+                && let Err(e) = service.accept(&w.message.id, &w.agent.id)
+            {
+                tracing::debug!(error = %e, "demo agent could not accept work");
+            }
+            WriteOutcome::Receipt {
+                turn: TurnId::new(w.request_id),
+                request_id: Some(model::RequestId::new(w.request_id)),
+            }
+        }
         Err(e) => WriteOutcome::Failed {
             detail: e.to_string(),
         },

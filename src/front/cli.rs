@@ -98,12 +98,17 @@ pub enum Command {
         #[arg(long, default_value_t = 5.0)]
         interval: f64,
     },
-    /// Engine and live page (arrives with the web issue).
+    /// The engine and the live page (http://127.0.0.1:8765/ by default) until Ctrl+C.
     Serve {
+        /// The address to listen on; anything but loopback makes the page reachable from the
+        /// network.
         #[arg(long, default_value = "127.0.0.1")]
         host: String,
         #[arg(long, default_value_t = 8765)]
         port: u16,
+        /// Answer any Host, refuse sends, and show plain state sentences.
+        #[arg(long)]
+        public_demo: bool,
     },
     /// Cancel one stuck delivery; never resends.
     Release {
@@ -122,12 +127,18 @@ pub enum Command {
     /// The workspace's task ledger: briefs, the one writer lease, the handoff budget.
     #[command(subcommand)]
     Task(TaskCmd),
-    /// Four simulated agents on a live page (arrives with the web issue).
+    /// Four simulated agents handing work around on a live page; temporary data, deleted on
+    /// Ctrl+C.
     Demo {
-        #[arg(long)]
-        port: Option<u16>,
-        #[arg(long)]
-        speed: Option<f64>,
+        /// The port (0: any free one; a busy default falls back to a free one).
+        #[arg(long, default_value_t = 8765)]
+        port: u16,
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        /// How fast the demo agents work (1 = turns of 4 to 7 seconds).
+        #[arg(long, default_value_t = 1.0)]
+        speed: f64,
+        /// Answer any Host, refuse sends, and show plain state sentences.
         #[arg(long)]
         public_demo: bool,
     },
@@ -404,13 +415,6 @@ fn one_line(s: &str, chars: usize) -> String {
     } else {
         flat
     }
-}
-
-fn not_yet(what: &str) -> Result<(), Failure> {
-    Err(Failure {
-        code: 1,
-        message: format!("`handoffs {what}` is not yet available in this build"),
-    })
 }
 
 /// The engine's policy: the default, or `HANDOFFS_POLICY` (JSON, any subset of the bounds).
@@ -870,7 +874,22 @@ pub fn run(cli: &Cli) -> Result<(), Failure> {
             }
             engine_cmd(cli, Some(Duration::from_secs_f64(*interval)))
         }
-        Command::Serve { .. } => not_yet("serve"),
+        Command::Serve {
+            host,
+            port,
+            public_demo,
+        } => {
+            let policy = if std::env::var_os("HANDOFFS_POLICY").is_some() {
+                Some(policy_from_env()?)
+            } else {
+                None
+            };
+            crate::front::live::serve(&db_path(cli), host, *port, *public_demo, policy)?;
+            Err(Failure {
+                code: 130,
+                message: String::new(),
+            })
+        }
         Command::Mcp {
             agent,
             context_library,
@@ -880,7 +899,18 @@ pub fn run(cli: &Cli) -> Result<(), Failure> {
             context_library.as_deref(),
         )?),
         Command::Task(cmd) => task(cli, cmd),
-        Command::Demo { .. } => not_yet("demo"),
+        Command::Demo {
+            port,
+            host,
+            speed,
+            public_demo,
+        } => {
+            crate::front::live::demo(host, *port, *speed, *public_demo)?;
+            Err(Failure {
+                code: 130,
+                message: String::new(),
+            })
+        }
         Command::Sim { seed, seeds, trace } => sim_cmd(cli, *seed, seeds.as_deref(), *trace),
         Command::Supervise(a) => {
             let sup = Supervise {

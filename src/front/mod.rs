@@ -2,4 +2,6 @@
 //! hold no delivery logic; errors are mapped to exit codes (or HTTP statuses) in one place.
 
 pub mod cli;
+pub mod live;
 pub mod mcp;
+pub mod web;

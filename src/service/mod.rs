@@ -817,7 +817,8 @@ impl Service {
 
     // ----- status and release -----
 
-    fn view(tx: &Tx<'_>, d: &DeliveryRow) -> Result<DeliveryView, StoreError> {
+    /// The fronts' view of one stored delivery.
+    pub fn view(tx: &Tx<'_>, d: &DeliveryRow) -> Result<DeliveryView, StoreError> {
         let m = tx.message(&d.message_id)?;
         let core = d.record.core();
         Ok(DeliveryView {

@@ -300,6 +300,9 @@ pub struct AgentRow {
     pub updated_at: i64,
 }
 
+/// When one piece of work was sent, accepted and returned (ms).
+pub type WorkTimes = (i64, Option<i64>, Option<i64>);
+
 /// A stored message.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct MessageRow {
@@ -937,6 +940,55 @@ impl Tx<'_> {
         )?;
         let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// Recent work, newest change first: when each was sent, accepted and returned.
+    pub fn work_timings(&self, limit: i64) -> Result<Vec<WorkTimes>> {
+        let mut st = self.tx.prepare_cached(
+            "SELECT w.created_at,
+               (SELECT min(e.at) FROM events e WHERE e.message_id = w.id AND e.kind = 'work'
+                  AND e.detail LIKE 'accepted by %'),
+               (SELECT min(e.at) FROM events e WHERE e.message_id = w.id AND e.kind = 'work'
+                  AND (e.detail LIKE 'returned by %' OR e.detail LIKE 'blocked by %'))
+             FROM work w ORDER BY w.updated_at DESC LIMIT ?1",
+        )?;
+        let rows = st.query_map([limit], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// Deliveries per recipient in the given states.
+    pub fn count_by_recipient(&self, states: &[StateKind]) -> Result<Vec<(String, i64)>> {
+        let list = states
+            .iter()
+            .map(|s| format!("'{}'", s.as_str()))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut st = self.tx.prepare_cached(&format!(
+            "SELECT recipient, count(*) FROM deliveries WHERE state IN ({list}) GROUP BY recipient"
+        ))?;
+        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// All deliveries' write attempts and resends (for /metrics).
+    pub fn delivery_totals(&self) -> Result<(i64, i64)> {
+        Ok(self
+            .tx
+            .prepare_cached(
+                "SELECT coalesce(sum(json_extract(record, '$.core.attempts')), 0),
+                    coalesce(sum(json_extract(record, '$.core.error_resends')
+                               + json_extract(record, '$.core.interrupt_resends')), 0)
+             FROM deliveries",
+            )?
+            .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))?)
+    }
+
+    /// The newest event's sequence number (0: none).
+    pub fn last_event_seq(&self) -> Result<i64> {
+        Ok(self
+            .tx
+            .prepare_cached("SELECT coalesce(max(seq), 0) FROM events")?
+            .query_row([], |r| r.get(0))?)
     }
 
     // ----- events -----
