@@ -96,15 +96,22 @@ pub fn snapshots(db: &Path, options: &WebOptions) -> Result<Snapshots, ServiceEr
         .spawn(move || {
             let mut seen = service.store.data_version().unwrap_or(0);
             let mut built = Instant::now();
+            let mut cost = Duration::ZERO;
             while !flag.load(Ordering::SeqCst) && !tx.is_closed() {
                 std::thread::sleep(SNAPSHOT_POLL);
                 let version = service.store.data_version().unwrap_or(seen);
-                if version == seen && built.elapsed() < SNAPSHOT_REFRESH {
+                let since = built.elapsed();
+                // Rebuilt on change, but never more often than five times its own cost (a
+                // big database under a busy engine costs this thread at most a fifth of a
+                // core), and every 2 s regardless.
+                if (version == seen || since < cost * 5) && since < SNAPSHOT_REFRESH {
                     continue;
                 }
                 seen = version;
                 built = Instant::now();
-                match build(&mut service, &options) {
+                let result = build(&mut service, &options);
+                cost = built.elapsed();
+                match result {
                     Ok(s) => {
                         let _ = tx.send(Arc::new(s));
                     }
@@ -193,12 +200,21 @@ pub fn loopback_host(host: &str) -> bool {
             .is_ok_and(|ip| ip.is_loopback())
 }
 
+#[cfg(feature = "planted-bugs")]
+fn planted(name: &str) -> bool {
+    std::env::var("HANDOFFS_PLANT").is_ok_and(|v| v.split(',').any(|p| p == name))
+}
+#[cfg(not(feature = "planted-bugs"))]
+fn planted(_: &str) -> bool {
+    false
+}
+
 async fn host_check(
     state: Arc<AppState>,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    if !state.options.public_demo {
+    if !state.options.public_demo && !planted("web_host") {
         let host = req
             .headers()
             .get(header::HOST)
@@ -230,13 +246,22 @@ async fn host_check(
 }
 
 async fn page() -> Response {
+    let page = if planted("web_xss") {
+        // The planted bug: message text reaches the DOM as HTML.
+        std::borrow::Cow::Owned(PAGE.replace(
+            "document.createTextNode(String(k))",
+            "(function(s){var t=document.createElement('span');t.innerHTML=s;return t})(String(k))",
+        ))
+    } else {
+        std::borrow::Cow::Borrowed(PAGE)
+    };
     (
         [
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),
             (header::CONTENT_SECURITY_POLICY, CSP),
             (header::CACHE_CONTROL, "no-cache"),
         ],
-        PAGE,
+        page.into_owned(),
     )
         .into_response()
 }
@@ -380,7 +405,7 @@ async fn send(
     } else {
         false
     };
-    if !equal {
+    if !equal && !planted("web_token") {
         return error(
             StatusCode::UNAUTHORIZED,
             "X-Handoffs-Token is missing or wrong (it is the content of the database's .token file)",

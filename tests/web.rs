@@ -1,0 +1,363 @@
+//! The page and the HTTP API in process: status codes, the Host check, the token, body
+//! limits, JSON errors, the public demo, and the page's text-only path from JSON to the DOM.
+
+mod common;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use handoffs::front::web::{self, PAGE, WebOptions, loopback_host};
+use http_body_util::BodyExt as _;
+use serde_json::{Value, json};
+use tower::ServiceExt as _;
+
+struct App {
+    world: common::World,
+    router: Router,
+    token: String,
+    _snaps: web::Snapshots,
+}
+
+fn app(public_demo: bool) -> App {
+    let world = common::World::new();
+    for a in ["planner", "writer"] {
+        world.ok(&["agent", "add", a, "--provider", "demo"]);
+    }
+    let options = WebOptions { public_demo };
+    let snaps = web::snapshots(&world.db, &options).expect("snapshots");
+    let router = web::router(
+        &world.db,
+        &snaps,
+        options,
+        tokio_util::sync::CancellationToken::new(),
+    )
+    .expect("router");
+    let token = std::fs::read_to_string(handoffs::store::token_path(&world.db))
+        .expect("token")
+        .trim()
+        .to_owned();
+    App {
+        world,
+        router,
+        token,
+        _snaps: snaps,
+    }
+}
+
+async fn request(
+    app: &App,
+    method: &str,
+    uri: &str,
+    host: Option<&str>,
+    headers: &[(&str, &str)],
+    body: Vec<u8>,
+) -> (StatusCode, Vec<u8>, axum::http::HeaderMap) {
+    let mut req = Request::builder().method(method).uri(uri);
+    if let Some(h) = host {
+        req = req.header("host", h);
+    }
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let res = app
+        .router
+        .clone()
+        .oneshot(req.body(Body::from(body)).expect("request"))
+        .await
+        .expect("response");
+    let status = res.status();
+    let headers = res.headers().clone();
+    let bytes = res.into_body().collect().await.expect("body").to_bytes();
+    (status, bytes.to_vec(), headers)
+}
+
+async fn get(app: &App, uri: &str) -> (StatusCode, Value) {
+    let (s, b, _) = request(app, "GET", uri, Some("127.0.0.1:8765"), &[], vec![]).await;
+    (s, serde_json::from_slice(&b).unwrap_or(Value::Null))
+}
+
+async fn send(app: &App, token: Option<&str>, body: &Value) -> (StatusCode, Value) {
+    let mut headers = vec![("content-type", "application/json")];
+    if let Some(t) = token {
+        headers.push(("x-handoffs-token", t));
+    }
+    let (s, b, _) = request(
+        app,
+        "POST",
+        "/api/send",
+        Some("localhost:8765"),
+        &headers,
+        serde_json::to_vec(body).expect("json"),
+    )
+    .await;
+    (s, serde_json::from_slice(&b).unwrap_or(Value::Null))
+}
+
+fn is_error(v: &Value) -> bool {
+    v["error"].as_str().is_some_and(|e| !e.is_empty())
+}
+
+#[test]
+fn only_loopback_hosts_pass() {
+    for ok in [
+        "localhost",
+        "localhost:8765",
+        "127.0.0.1",
+        "127.0.0.1:80",
+        "127.1.2.3:9",
+        "[::1]:8765",
+        "[::1]",
+        "LOCALHOST.",
+        "app.localhost:3000",
+    ] {
+        assert!(loopback_host(ok), "{ok}");
+    }
+    for bad in [
+        "evil.com",
+        "localhost.evil.com",
+        "127.0.0.1.nip.io",
+        "10.0.0.1:8765",
+        "[::2]:80",
+        "",
+        "0.0.0.0:8765",
+        "localhost:80@evil.com",
+    ] {
+        assert!(!loopback_host(bad), "{bad}");
+    }
+}
+
+#[test]
+fn the_page_puts_text_into_the_dom_only_as_text() {
+    for sink in [
+        "innerHTML",
+        "outerHTML",
+        "insertAdjacentHTML",
+        "document.write",
+        "eval(",
+        "new Function",
+    ] {
+        assert!(!PAGE.contains(sink), "the page uses {sink}");
+    }
+    // The one place text enters the DOM (the planted XSS bug replaces exactly this).
+    assert_eq!(
+        PAGE.matches("document.createTextNode(String(k))").count(),
+        1
+    );
+    for external in [
+        "src=\"http",
+        "href=\"http",
+        "url(http",
+        "@import",
+        "fetch('http",
+        "fetch(\"http",
+    ] {
+        assert!(
+            !PAGE.contains(external),
+            "the page loads something from elsewhere: {external}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_status_codes_and_json_errors() {
+    let app = app(false);
+    let (s, body, headers) = request(&app, "GET", "/", Some("localhost:8765"), &[], vec![]).await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(String::from_utf8_lossy(&body).contains("<title>handoffs</title>"));
+    let csp = headers["content-security-policy"].to_str().expect("csp");
+    assert!(csp.contains("default-src 'none'") && csp.contains("connect-src 'self'"));
+    assert_eq!(headers["x-content-type-options"], "nosniff");
+
+    // DNS rebinding: any Host that is not loopback is refused, on every route.
+    for uri in ["/", "/api/status", "/api/send", "/metrics", "/nope"] {
+        let (s, b, _) = request(&app, "GET", uri, Some("evil.example:8765"), &[], vec![]).await;
+        assert_eq!(s, StatusCode::FORBIDDEN, "{uri}");
+        assert!(is_error(&serde_json::from_slice(&b).expect("json")));
+    }
+    let (s, _, _) = request(&app, "GET", "/", None, &[], vec![]).await;
+    assert_eq!(s, StatusCode::FORBIDDEN, "no Host at all");
+
+    let (s, v) = get(&app, "/api/status").await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(v["agents"].as_array().map(Vec::len), Some(2));
+    assert_eq!(v["can_send"], json!(true));
+    let (s, v) = get(&app, "/healthz").await;
+    assert_eq!((s, v["ok"].clone()), (StatusCode::OK, json!(true)));
+    let (s, b, h) = request(&app, "GET", "/metrics", Some("localhost"), &[], vec![]).await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(
+        h["content-type"]
+            .to_str()
+            .expect("type")
+            .starts_with("text/plain")
+    );
+    let text = String::from_utf8_lossy(&b);
+    for name in [
+        "handoffs_deliveries",
+        "handoffs_delivery_attempts_total",
+        "handoffs_send_to_accept_seconds_bucket",
+        "handoffs_engine_pass_duration_seconds",
+    ] {
+        assert!(text.contains(name), "{name} missing:\n{text}");
+    }
+    let (s, v) = get(&app, "/nope").await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert!(is_error(&v));
+    let (s, v) = get(&app, "/api/send").await;
+    assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED);
+    assert!(is_error(&v));
+    for bad in ["after=-1", "after=abc", "limit=999999", "after=1e3"] {
+        let (s, v) = get(&app, &format!("/api/events?{bad}")).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{bad}");
+        assert!(is_error(&v));
+    }
+    let (s, v) = get(&app, "/api/events?after=0&limit=2").await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(v["events"].as_array().map(Vec::len), Some(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sending_needs_the_token_and_a_good_body() {
+    let app = app(false);
+    let good = json!({"from": "planner", "to": "writer", "message": "<script>alert(1)</script>",
+        "title": "<img src=x onerror=alert(1)>"});
+    let (s, v) = send(&app, None, &good).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    assert!(is_error(&v));
+    let wrong = format!("{}x", &app.token[..app.token.len() - 1]);
+    assert_eq!(
+        send(&app, Some(&wrong), &good).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        send(&app, Some(""), &good).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    let long = format!("{}0", app.token);
+    assert_eq!(
+        send(&app, Some(&long), &good).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+
+    let token = app.token.clone();
+    let (s, v) = send(&app, Some(&token), &good).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let id = v["id"].as_str().expect("id").to_owned();
+
+    // Wrong content type, malformed JSON, unknown fields, wrong types, bounds, unknown agent.
+    let (s, b, _) = request(
+        &app,
+        "POST",
+        "/api/send",
+        Some("localhost"),
+        &[("x-handoffs-token", &token), ("content-type", "text/plain")],
+        b"{}".to_vec(),
+    )
+    .await;
+    assert_eq!(s, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert!(is_error(&serde_json::from_slice(&b).expect("json")));
+    let (s, b, _) = request(
+        &app,
+        "POST",
+        "/api/send",
+        Some("localhost"),
+        &[
+            ("x-handoffs-token", &token),
+            ("content-type", "application/json"),
+        ],
+        b"{\"from\": ".to_vec(),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert!(is_error(&serde_json::from_slice(&b).expect("json")));
+    for (body, want) in [
+        (
+            json!({"from": "planner", "to": "writer"}),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            json!({"from": "planner", "to": "writer", "message": 5}),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            json!({"from": "planner", "to": "writer", "message": "x", "as": "writer"}),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            json!({"from": "planner", "to": "writer", "message": "x".repeat(200_001)}),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            json!({"from": "planner", "to": "writer", "message": "x", "title": "t", "due_minutes": 0}),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            json!({"from": "planner", "to": "nobody", "message": "x"}),
+            StatusCode::NOT_FOUND,
+        ),
+        (
+            json!({"from": "planner", "to": "planner", "message": "x"}),
+            StatusCode::CONFLICT,
+        ),
+    ] {
+        let (s, v) = send(&app, Some(&token), &body).await;
+        assert_eq!(s, want, "{body:.120}: {v}");
+        assert!(is_error(&v), "{v}");
+    }
+    // Over the body limit: 413 with a JSON error, nothing stored.
+    let big = json!({"from": "planner", "to": "writer", "message": "y".repeat(web::BODY_LIMIT)});
+    let (s, v) = send(&app, Some(&token), &big).await;
+    assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(is_error(&v));
+    // A repeated key returns the first message.
+    let keyed = json!({"from": "planner", "to": "writer", "message": "m", "key": "k1"});
+    assert_eq!(
+        send(&app, Some(&token), &keyed).await.0,
+        StatusCode::CREATED
+    );
+    let (s, v) = send(&app, Some(&token), &keyed).await;
+    assert_eq!((s, v["created"].clone()), (StatusCode::OK, json!(false)));
+
+    // The payload reaches the status JSON verbatim, as data (the page renders it as text).
+    let mut seen = false;
+    for _ in 0..50 {
+        let (_, v) = get(&app, "/api/status").await;
+        let text = v.to_string();
+        if text.contains(&id) {
+            assert!(text.contains("<img src=x onerror=alert(1)>"), "{text:.400}");
+            seen = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(seen, "the snapshot never showed the new delivery");
+    let inbox = app.world.json(&["inbox", "writer", "--all"]);
+    assert_eq!(inbox.as_array().map(Vec::len), Some(2), "{inbox}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_public_demo_serves_any_host_and_never_sends() {
+    let app = app(true);
+    let (s, _, _) = request(
+        &app,
+        "GET",
+        "/api/status",
+        Some("demo.example.com"),
+        &[],
+        vec![],
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    let token = app.token.clone();
+    let (s, v) = send(
+        &app,
+        Some(&token),
+        &json!({"from": "planner", "to": "writer", "message": "x"}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+    assert!(is_error(&v));
+    let (_, v) = get(&app, "/api/status").await;
+    assert_eq!(v["can_send"], json!(false));
+    assert_eq!(v["engine"]["report"], Value::Null);
+}
