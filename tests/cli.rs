@@ -355,3 +355,171 @@ fn config_json_shows_every_key_and_status_of_an_undelivered_message_says_why() {
     assert!(err.contains("has no delivery"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
 }
+
+#[test]
+fn the_task_ledger_on_the_command_line() {
+    let w = two_agents();
+    let root = w.dir.path().join("project");
+    std::fs::create_dir_all(&root).expect("root");
+    let run = |args: &[&str]| {
+        let out = w
+            .cmd()
+            .env("HANDOFFS_ROOT", &root)
+            .args(args)
+            .output()
+            .expect("run");
+        let err = stderr_line(&out);
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            err,
+        )
+    };
+    let json = |args: &[&str]| -> serde_json::Value {
+        let mut all = vec!["--json"];
+        all.extend_from_slice(args);
+        let (code, out, err) = run(&all);
+        assert_eq!(code, Some(0), "{args:?}: {err}");
+        serde_json::from_str(&out).expect("JSON")
+    };
+    let t = json(&[
+        "task",
+        "create",
+        "--as",
+        "a",
+        "--title",
+        "Fix",
+        "--goal",
+        "Fix the test",
+        "--cap",
+        "1",
+    ]);
+    let id = t["id"].as_str().expect("id").to_owned();
+    let c = json(&["task", "claim", &id[..8], "--as", "a"]);
+    let token = c["lease"]["token"].as_str().expect("token").to_owned();
+    // One writer: b cannot claim anything while a holds the lease.
+    let other = json(&[
+        "task",
+        "create",
+        "--as",
+        "b",
+        "--title",
+        "Docs",
+        "--goal",
+        "Write docs",
+    ]);
+    let (code, _, err) = run(&[
+        "task",
+        "claim",
+        other["id"].as_str().expect("id"),
+        "--as",
+        "b",
+    ]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("leased by a"), "{err}");
+    let (code, _, err) = run(&["task", "renew", &id, "--as", "a", "--token", "nope"]);
+    assert_eq!(code, Some(1), "{err}");
+    let p = json(&[
+        "task",
+        "pass",
+        &id,
+        "--as",
+        "a",
+        "--token",
+        &token,
+        "--summary",
+        "half",
+        "--next",
+        "finish",
+        "--file",
+        "b.rs",
+        "--file",
+        "a.rs",
+        "--file",
+        "b.rs",
+        "--to",
+        "b",
+    ]);
+    assert_eq!(
+        p["task"]["changed_files"],
+        serde_json::json!(["a.rs", "b.rs"])
+    );
+    let c = json(&["task", "claim", &id, "--as", "b"]);
+    let token = c["lease"]["token"].as_str().expect("token").to_owned();
+    let (code, _, err) = run(&[
+        "task",
+        "pass",
+        &id,
+        "--as",
+        "b",
+        "--token",
+        &token,
+        "--summary",
+        "more",
+        "--next",
+        "x",
+        "--to",
+        "a",
+    ]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("budget"), "{err}");
+    let shown = json(&["task", "show", &id]);
+    assert_eq!(shown["task"]["state"], "needs_human");
+    let kinds: Vec<&str> = shown["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter_map(|e| e["kind"].as_str())
+        .collect();
+    assert_eq!(
+        kinds,
+        ["created", "claimed", "passed", "claimed", "needs_human"]
+    );
+    let r = json(&["task", "resume", &id, "--add", "2"]);
+    assert_eq!(
+        (r["state"].as_str(), r["handoff_cap"].as_i64()),
+        (Some("queued"), Some(3))
+    );
+    assert_eq!(
+        json(&["task", "list", "--state", "queued"])
+            .as_array()
+            .map(Vec::len),
+        Some(2)
+    );
+    // Usage errors exit 2; a missing root is one clear line.
+    for bad in [
+        vec!["task", "list", "--state", "lost"],
+        vec![
+            "task", "create", "--as", "a", "--title", "T", "--goal", "G", "--cap", "17",
+        ],
+        vec!["task", "resume", &id, "--add", "0"],
+        vec!["task", "claim", "abc", "--as", "a"],
+        vec!["task", "claim", &id, "--as", "a", "--minutes", "0"],
+    ] {
+        let (code, _, err) = run(&bad);
+        assert_eq!(code, Some(2), "{bad:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    }
+    let out = w
+        .cmd()
+        .env_remove("HANDOFFS_ROOT")
+        .current_dir(w.dir.path())
+        .args(["task", "list"])
+        .output()
+        .expect("run");
+    let err = stderr_line(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("HANDOFFS_ROOT"), "{err}");
+    // The state folder keeps itself out of git, and its files are private.
+    let gi = std::fs::read_to_string(root.join(".handoffs/.gitignore")).expect("gitignore");
+    assert!(gi.lines().any(|l| l.trim() == "*"));
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(root.join(".handoffs/ledger.sqlite3"))
+            .expect("ledger")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o077, 0, "{mode:o}");
+    }
+}
