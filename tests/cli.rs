@@ -357,6 +357,7 @@ fn config_json_shows_every_key_and_status_of_an_undelivered_message_says_why() {
 }
 
 #[test]
+#[allow(clippy::many_single_char_names)]
 fn the_task_ledger_on_the_command_line() {
     let w = two_agents();
     let root = w.dir.path().join("project");
