@@ -166,6 +166,10 @@ async fn routes_status_codes_and_json_errors() {
     assert!(String::from_utf8_lossy(&body).contains("<title>handoffs</title>"));
     let csp = headers["content-security-policy"].to_str().expect("csp");
     assert!(csp.contains("default-src 'none'") && csp.contains("connect-src 'self'"));
+    assert!(
+        csp.contains("script-src 'sha256-") && !csp.contains("script-src 'unsafe-inline'"),
+        "{csp}"
+    );
     assert_eq!(headers["x-content-type-options"], "nosniff");
 
     // DNS rebinding: any Host that is not loopback is refused, on every route.

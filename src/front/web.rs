@@ -10,7 +10,8 @@
 //! - Safety: a `Host` that is not loopback is refused (DNS rebinding) unless the public demo
 //!   is on; a send needs `X-Handoffs-Token` equal to the token file (constant-time compare)
 //!   and a JSON body under 1 MiB; every error is `{"error": "..."}` with its 4xx. The page
-//!   puts message text into the DOM only as text, and is served with a strict CSP.
+//!   puts message text into the DOM only as text, and is served with a CSP that runs only its
+//!   own inline script (by hash).
 
 use crate::service::{DeliveryView, Service, ServiceError};
 use crate::store::{Store, WorkRow, millis};
@@ -42,9 +43,22 @@ const SNAPSHOT_REFRESH: Duration = Duration::from_secs(2);
 const LIST_LIMIT: i64 = 50;
 const TIMING_SAMPLES: i64 = 200;
 
-const CSP: &str = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
-                   connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; \
-                   frame-ancestors 'none'";
+/// The page's Content-Security-Policy: nothing from elsewhere, and only the page's own inline
+/// script by its hash, so a handler or script smuggled into the DOM would not run either.
+fn csp(page: &str) -> String {
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    let script = page
+        .split_once("<script>")
+        .and_then(|(_, rest)| rest.split_once("</script>"))
+        .map_or("", |(s, _)| s);
+    let hash = base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(script));
+    format!(
+        "default-src 'none'; script-src 'sha256-{hash}'; style-src 'unsafe-inline'; \
+         connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; \
+         frame-ancestors 'none'"
+    )
+}
 
 /// How the server behaves.
 #[derive(Clone, Debug, Default)]
@@ -246,22 +260,25 @@ async fn host_check(
 }
 
 async fn page() -> Response {
-    let page = if planted("web_xss") {
+    static POLICY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let (page, policy) = if planted("web_xss") {
         // The planted bug: message text reaches the DOM as HTML.
-        std::borrow::Cow::Owned(PAGE.replace(
+        let page = PAGE.replace(
             "document.createTextNode(String(k))",
             "(function(s){var t=document.createElement('span');t.innerHTML=s;return t})(String(k))",
-        ))
+        );
+        let policy = csp(&page);
+        (page, policy)
     } else {
-        std::borrow::Cow::Borrowed(PAGE)
+        (PAGE.to_owned(), POLICY.get_or_init(|| csp(PAGE)).clone())
     };
     (
         [
-            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
-            (header::CONTENT_SECURITY_POLICY, CSP),
-            (header::CACHE_CONTROL, "no-cache"),
+            (header::CONTENT_TYPE, "text/html; charset=utf-8".to_owned()),
+            (header::CONTENT_SECURITY_POLICY, policy),
+            (header::CACHE_CONTROL, "no-cache".to_owned()),
         ],
-        page.into_owned(),
+        page,
     )
         .into_response()
 }
