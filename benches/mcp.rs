@@ -141,15 +141,24 @@ fn main() {
     for (tool, args) in [
         ("list_agents", json!({})),
         ("inbox", json!({"limit": 20})),
-        ("send_handoff", json!({"to": "bob", "message": "bench"})),
+        ("send_handoff", json!({"to": "bob"})),
     ] {
-        for _ in 0..200 {
-            s.call(tool, &args);
+        // Each send carries a new message (a repeated one would take the duplicate path).
+        let with = |i: usize| {
+            let mut a = args.clone();
+            if tool == "send_handoff" {
+                a["message"] = json!(format!("bench handoff {i}"));
+            }
+            a
+        };
+        for i in 0..200 {
+            s.call(tool, &with(i));
         }
         let mut ms = Vec::new();
-        for _ in 0..2_000 {
+        for i in 200..2_200 {
+            let a = with(i);
             let t = Instant::now();
-            s.call(tool, &args);
+            s.call(tool, &a);
             ms.push(t.elapsed().as_secs_f64() * 1e3);
         }
         summary(&format!("tools/call {tool}"), ms);

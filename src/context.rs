@@ -48,6 +48,9 @@ pub struct Record {
     pub file: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub body: Option<String>,
+    /// Header keys this library does not use (kept as they were when a record is rewritten).
+    #[serde(skip)]
+    pub other: Vec<(String, String)>,
 }
 
 /// A search hit.
@@ -174,6 +177,9 @@ fn render(r: &Record, body: &str) -> String {
     if let Some(x) = &r.superseded_by {
         s.push_str(&format!("superseded_by: {x}\n"));
     }
+    for (k, v) in &r.other {
+        s.push_str(&format!("{k}: {v}\n"));
+    }
     s.push_str("---\n");
     s.push_str(body);
     if !body.ends_with('\n') {
@@ -226,10 +232,26 @@ fn record_of(rel: &str, text: &str) -> (Record, String) {
             superseded_by,
             file: rel.to_owned(),
             body: None,
+            other: fields
+                .iter()
+                .filter(|(k, _)| !KNOWN_KEYS.contains(&k.as_str()))
+                .cloned()
+                .collect(),
         },
         body.to_owned(),
     )
 }
+
+const KNOWN_KEYS: [&str; 8] = [
+    "id",
+    "title",
+    "author",
+    "created",
+    "tags",
+    "status",
+    "supersedes",
+    "superseded_by",
+];
 
 fn now_rfc3339() -> String {
     humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
@@ -323,8 +345,34 @@ impl Library {
         Ok(r)
     }
 
+    /// Holds the library's lock file (`.lock`, hidden from records) until dropped.
+    fn lock(&self) -> Result<std::fs::File> {
+        let path = self.dir.join(".lock");
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| ServiceError::Refused(format!("cannot open {}: {e}", path.display())))?;
+        f.lock()
+            .map_err(|e| ServiceError::Refused(format!("cannot lock {}: {e}", path.display())))?;
+        Ok(f)
+    }
+
     /// Writes a new record by `author`.
     pub fn record(
+        &self,
+        author: &str,
+        title: &str,
+        body: &str,
+        tags: &[String],
+        supersedes: Option<&str>,
+    ) -> Result<Record> {
+        let _lock = self.lock()?;
+        self.write_record(author, title, body, tags, supersedes)
+    }
+
+    fn write_record(
         &self,
         author: &str,
         title: &str,
@@ -347,6 +395,7 @@ impl Library {
             superseded_by: None,
             file: format!("{id}.md"),
             body: None,
+            other: Vec::new(),
         };
         let path = self.dir.join(&r.file);
         write_atomic(&path, &render(&r, body))
@@ -363,6 +412,9 @@ impl Library {
         body: &str,
         tags: Option<&[String]>,
     ) -> Result<Record> {
+        // One writer at a time across processes: two supersedes of one record must not both
+        // win (the check below and the rewrite are one step under this lock).
+        let _lock = self.lock()?;
         let (old, old_body) = self.find(id)?;
         if old.status == "superseded" {
             return Err(ServiceError::Refused(format!(
@@ -371,8 +423,13 @@ impl Library {
             )));
         }
         let title = title.unwrap_or(&old.title).to_owned();
-        let tags = tags.map_or_else(|| old.tags.clone(), <[String]>::to_vec);
-        let new = self.record(author, &title, body, &tags, Some(&old.id))?;
+        // The old record's tags carry over when they fit our rules; given tags must.
+        let tags = match tags {
+            Some(t) => t.to_vec(),
+            None if check_tags(&old.tags).is_ok() => old.tags.clone(),
+            None => Vec::new(),
+        };
+        let new = self.write_record(author, &title, body, &tags, Some(&old.id))?;
         let mut marked = old.clone();
         "superseded".clone_into(&mut marked.status);
         marked.superseded_by = Some(new.id.clone());
@@ -452,7 +509,7 @@ impl Library {
                 r.author.as_deref().unwrap_or("unknown"),
                 r.created
                     .as_deref()
-                    .map(|c| format!(", {}", &c[..c.len().min(10)]))
+                    .map(|c| format!(", {}", c.chars().take(10).collect::<String>()))
                     .unwrap_or_default(),
                 first
             );
@@ -556,6 +613,19 @@ mod tests {
         let s = lib.status().unwrap();
         assert_eq!((s.records, s.current, s.superseded), (3, 2, 1));
         assert!(lib.get("../etc/passwd").is_err());
+        // Hand-written headers: non-ASCII dates, keys of their own (kept on rewrite), odd tags.
+        std::fs::write(
+            dir.path().join("jp.md"),
+            "---\nid: jp\ntitle: T\ncreated: 2024年01月01日\nlayout: post\ntags: [a b]\n---\nbody\n",
+        )
+        .unwrap();
+        assert!(lib.brief(2_000).unwrap().text.contains("[jp]"));
+        lib.supersede("eng", "jp", None, "new body", None).unwrap();
+        let jp = std::fs::read_to_string(dir.path().join("jp.md")).unwrap();
+        assert!(
+            jp.contains("layout: post") && jp.contains("superseded_by:"),
+            "{jp}"
+        );
         assert!(lib.record("eng", "two\nlines", "x", &[], None).is_err());
     }
 }

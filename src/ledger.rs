@@ -47,7 +47,7 @@ pub fn find_root(start: &Path) -> Result<PathBuf> {
     if let Some(root) = std::env::var_os("HANDOFFS_ROOT").filter(|v| !v.is_empty()) {
         let root = PathBuf::from(root);
         if !root.is_dir() {
-            return usage(format!("HANDOFFS_ROOT={} is not a folder", root.display()));
+            return refused(format!("HANDOFFS_ROOT={} is not a folder", root.display()));
         }
         return Ok(root);
     }
@@ -57,7 +57,7 @@ pub fn find_root(start: &Path) -> Result<PathBuf> {
             return Ok(dir.to_owned());
         }
     }
-    usage(format!(
+    refused(format!(
         "no project root above {}: run inside a git repository or set HANDOFFS_ROOT",
         start.display()
     ))
@@ -102,6 +102,8 @@ pub struct TaskEvent {
 pub struct Lease {
     pub task_id: String,
     pub holder: String,
+    /// The holder's secret: shown only to the claim that took it.
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub token: String,
     pub acquired_at: i64,
     pub expires_at: i64,
@@ -136,6 +138,8 @@ pub struct Ledger {
     conn: Connection,
     path: PathBuf,
     now: fn() -> i64,
+    /// Warnings from the last operation (a stale lease swept on the way).
+    warnings: Vec<String>,
 }
 
 fn now_ms() -> i64 {
@@ -155,8 +159,8 @@ CREATE TABLE IF NOT EXISTS tasks (
   summary TEXT,
   next_action TEXT,
   changed_files TEXT NOT NULL DEFAULT '[]',
-  handoff_cap INTEGER NOT NULL CHECK (handoff_cap BETWEEN 0 AND 16),
-  handoffs_used INTEGER NOT NULL DEFAULT 0,
+  handoff_cap INTEGER NOT NULL CHECK (handoff_cap >= 0),
+  handoffs_used INTEGER NOT NULL DEFAULT 0 CHECK (handoffs_used >= 0),
   created_at INTEGER NOT NULL,
   updated_at INTEGER NOT NULL
 );
@@ -304,14 +308,16 @@ fn sweep(tx: &rusqlite::Transaction<'_>, now: i64) -> Result<Option<String>> {
     tx.execute("DELETE FROM leases WHERE workspace = ?1", [WORKSPACE])
         .map_err(db_err)?;
     let warning = format!(
-        "{}'s lease on task {} ran out at {}: the task is back in the queue; inspect the \
-         workspace before continuing (its changes may be half-done)",
+        "{}'s lease on task {} ran out at {}: the task is back in the queue, open to any \
+         agent; inspect the workspace before continuing (its changes may be half-done)",
         l.holder,
         l.task_id,
         when(l.expires_at)
     );
+    // Back in the queue for anyone: the agent it was queued for may be the one that stopped.
     tx.execute(
-        "UPDATE tasks SET state = 'queued', updated_at = ?2 WHERE id = ?1 AND state = 'claimed'",
+        "UPDATE tasks SET state = 'queued', target_agent = NULL, updated_at = ?2
+         WHERE id = ?1 AND state = 'claimed'",
         params![l.task_id, now],
     )
     .map_err(db_err)?;
@@ -324,7 +330,8 @@ fn fence(tx: &rusqlite::Transaction<'_>, task_id: &str, agent: &str, token: &str
     match lease(tx)? {
         Some(l) if l.task_id == task_id && l.holder == agent && l.token == token => Ok(l),
         Some(l) if l.task_id == task_id && l.holder == agent => refused(format!(
-            "that lease token is not the current one for task {task_id} (a newer claim fenced it out)"
+            "that lease token is not the current one for task {task_id} (a mistyped token, or \
+             one from an earlier claim)"
         )),
         Some(l) if l.task_id == task_id => refused(format!(
             "task {task_id} is leased by {}, not {agent}",
@@ -394,6 +401,7 @@ impl Ledger {
                 conn,
                 path: path.to_owned(),
                 now: now_ms,
+                warnings: Vec::new(),
             });
         }
         if version > 1 {
@@ -406,11 +414,17 @@ impl Ledger {
             conn,
             path: path.to_owned(),
             now: now_ms,
+            warnings: Vec::new(),
         })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The warnings of the last operation: a lease that ran out and was swept on the way.
+    pub fn take_warnings(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.warnings)
     }
 
     /// Replaces the clock (tests).
@@ -429,8 +443,10 @@ impl Ledger {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(db_err)?;
+        self.warnings.clear();
         let warning = sweep(&tx, now)?;
         let swept = warning.is_some();
+        self.warnings.extend(warning.clone());
         match f(&tx, now, warning) {
             Ok(v) => {
                 tx.commit().map_err(db_err)?;
@@ -552,6 +568,21 @@ impl Ledger {
                 ));
             }
             check_claimable(&t, agent)?;
+            let mut warnings: Vec<String> = warning.into_iter().collect();
+            let last: Option<(String, String)> = tx
+                .query_row(
+                    "SELECT kind, detail FROM task_events WHERE task_id = ?1 ORDER BY seq DESC LIMIT 1",
+                    [&id],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()
+                .map_err(db_err)?;
+            if let Some((kind, detail)) = last
+                && kind == "lease_expired"
+                && !warnings.contains(&detail)
+            {
+                warnings.push(detail);
+            }
             let l = Lease {
                 task_id: id.clone(),
                 holder: agent.to_owned(),
@@ -576,7 +607,7 @@ impl Ledger {
             Ok(Claimed {
                 task: task(tx, &id)?,
                 lease: l,
-                warnings: warning.into_iter().collect(),
+                warnings,
             })
         })
     }
@@ -772,10 +803,22 @@ impl Ledger {
         })
     }
 
-    /// A person adds budget to a task that stopped in `needs_human` (or any open task).
-    pub fn resume(&mut self, person: &str, task_id: &str, add: i64) -> Result<Task> {
+    /// A person adds budget to a task that stopped in `needs_human` (or any open task), and
+    /// may queue it for another agent (`Some("")`: for anyone). What is left to spend stays
+    /// at most 16.
+    pub fn resume(
+        &mut self,
+        person: &str,
+        task_id: &str,
+        add: i64,
+        target: Option<&str>,
+    ) -> Result<Task> {
+        check_text("the person's name", person, 200, true)?;
         if !(1..=HANDOFF_CAP_MAX).contains(&add) {
             return usage(format!("--add must be 1 to {HANDOFF_CAP_MAX}"));
+        }
+        if let Some(t) = target.filter(|t| !t.is_empty()) {
+            check_agent_id(t)?;
         }
         let id = self.resolve(task_id)?;
         self.write(|tx, now, _| {
@@ -783,11 +826,24 @@ impl Ledger {
             if t.state == "done" {
                 return refused(format!("task {id} is done"));
             }
+            let left = t.handoff_cap - t.handoffs_used;
+            if left.max(0) + add > HANDOFF_CAP_MAX {
+                return usage(format!(
+                    "task {id} has {left} handoffs left; at most {HANDOFF_CAP_MAX} can be left to spend"
+                ));
+            }
+            // A spent budget restarts from what was used, so `add` is what is left after.
+            let cap = t.handoffs_used.max(t.handoff_cap) + add;
+            let new_target = match target {
+                None => t.target_agent.clone(),
+                Some("") => None,
+                Some(x) => Some(x.to_owned()),
+            };
             tx.execute(
-                "UPDATE tasks SET handoff_cap = handoff_cap + ?2,
+                "UPDATE tasks SET handoff_cap = ?2, target_agent = ?4,
                    state = CASE state WHEN 'needs_human' THEN 'queued' ELSE state END,
                    updated_at = ?3 WHERE id = ?1",
-                params![id, add, now],
+                params![id, cap, now, new_target],
             )
             .map_err(db_err)?;
             event(
@@ -796,7 +852,14 @@ impl Ledger {
                 now,
                 person,
                 "resumed",
-                &format!("{add} more handoffs (budget {})", t.handoff_cap + add),
+                &format!(
+                    "{add} more handoffs (budget {cap}, {} used){}",
+                    t.handoffs_used,
+                    match &new_target {
+                        Some(x) => format!(", queued for {x}"),
+                        None => ", open to any agent".to_owned(),
+                    }
+                ),
             )?;
             task(tx, &id)
         })
@@ -985,8 +1048,12 @@ mod tests {
         assert_eq!(t.task.changed_files, vec!["a.rs", "b.rs", "x.rs"]);
         assert_eq!(t.task.summary.as_deref(), Some("more"));
         assert!(l.claim("a", &a.id, None).is_err());
-        let t = l.resume("person", &a.id, 2).unwrap();
+        let t = l.resume("person", &a.id, 2, None).unwrap();
         assert_eq!((t.state.as_str(), t.handoff_cap), ("queued", 3));
+        // At most 16 left to spend, whatever the cap was.
+        assert!(l.resume("person", &a.id, 15, None).is_err());
+        let t = l.resume("person", &a.id, 14, Some("")).unwrap();
+        assert_eq!((t.handoff_cap, t.target_agent), (17, None));
         // The lease is free again: b's other task can be claimed.
         assert!(l.claim("b", &b.id, None).is_ok());
     }
@@ -1014,6 +1081,17 @@ mod tests {
         let events = l.show(&t.id).unwrap().events;
         let kinds: Vec<_> = events.iter().map(|e| e.kind.as_str()).collect();
         assert_eq!(kinds, ["created", "claimed", "lease_expired", "claimed"]);
+        l.complete("b", &t.id, &c2.lease.token, None, &[]).unwrap();
+        // The sweep also opened the task to anyone.
+        let t2 = l.create("a", "Other", "x", None, Some("a"), None).unwrap();
+        let c3 = l.claim("a", &t2.id, Some(1)).unwrap();
+        NOW.fetch_add(61_000, Ordering::SeqCst);
+        // Any operation sweeps, and says so.
+        l.list(None, 10).unwrap();
+        assert_eq!(l.take_warnings().len(), 1);
+        let c4 = l.claim("b", &t2.id, None).unwrap();
+        assert_eq!(c4.warnings.len(), 1, "the next claim still hears of it");
+        assert!(l.renew("a", &t2.id, &c3.lease.token, None).is_err());
         // The history is append-only, even to SQL.
         assert!(l.conn.execute("DELETE FROM task_events", []).is_err());
     }

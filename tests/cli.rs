@@ -509,8 +509,14 @@ fn the_task_ledger_on_the_command_line() {
         .output()
         .expect("run");
     let err = stderr_line(&out);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("HANDOFFS_ROOT"), "{err}");
+    // Agents must be registered in the database at hand.
+    let (code, _, err) = run(&[
+        "task", "create", "--as", "a", "--title", "T", "--goal", "G", "--for", "bbo",
+    ]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("unknown agent"), "{err}");
     // The state folder keeps itself out of git, and its files are private.
     let gi = std::fs::read_to_string(root.join(".handoffs/.gitignore")).expect("gitignore");
     assert!(gi.lines().any(|l| l.trim() == "*"));

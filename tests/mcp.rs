@@ -60,6 +60,7 @@ fn world() -> (common::World, std::path::PathBuf) {
 async fn send_as_one_agent_read_as_another_and_never_as_anyone_else() {
     let (w, root) = world();
     let lib = w.dir.path().join("memory");
+    std::fs::create_dir_all(&lib).expect("library");
     let alice = connect(server(&w, "alice", &root, Some(&lib))).await;
     let bob = connect(server(&w, "bob", &root, None)).await;
 
@@ -146,6 +147,13 @@ async fn send_as_one_agent_read_as_another_and_never_as_anyone_else() {
         "from_agent",
         "Sender-Id",
         "actor",
+        "sender_name",
+        "agent_name",
+        "on_behalf",
+        "by",
+        "requester",
+        "userId",
+        "myself",
     ] {
         let mut args = json!({"to": "alice", "message": "spoofed"});
         args[key] = json!("alice");
@@ -240,6 +248,7 @@ fn bad_arguments(schema: &JsonObject) -> Vec<Value> {
 async fn every_tool_answers_bad_input_with_a_tool_error() {
     let (w, root) = world();
     let lib = w.dir.path().join("memory");
+    std::fs::create_dir_all(&lib).expect("library");
     let alice = connect(server(&w, "alice", &root, Some(&lib))).await;
     let tools = alice.list_all_tools().await.expect("tools");
     let mut calls = 0;
@@ -318,6 +327,34 @@ async fn one_writer_lease_per_workspace_under_a_race() {
         )
         .await);
     }
+    // A brief is only ever queued for a registered agent.
+    let t = ok(&call(&alice, "create_handoff", json!({"title": "C", "goal": "c"})).await);
+    let err = err_text(
+        &call(
+            &alice,
+            "create_handoff",
+            json!({"title": "D", "goal": "d", "target_agent": "bbo"}),
+        )
+        .await,
+    );
+    assert!(err.contains("unknown agent"), "{err}");
+    ok(&call(&alice, "claim_handoff", json!({"task_id": t["task"]["id"]})).await);
+    let err = err_text(
+        &call(
+            &alice,
+            "pass_handoff",
+            json!({"task_id": t["task"]["id"], "summary": "s",
+            "next_action": "n", "target_agent": "bbo"}),
+        )
+        .await,
+    );
+    assert!(err.contains("unknown agent"), "{err}");
+    let shown = ok(&call(&alice, "show_handoff", json!({"task_id": t["task"]["id"]})).await);
+    assert_eq!(
+        shown["task"]["handoffs_used"],
+        json!(0),
+        "a refused pass spends nothing"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -275,6 +275,12 @@ pub enum TaskCmd {
         id: String,
         #[arg(long, default_value_t = 1)]
         add: i64,
+        /// Queue it for this agent from now on.
+        #[arg(long = "for", value_name = "AGENT", conflicts_with = "anyone")]
+        target: Option<String>,
+        /// Queue it for any agent from now on.
+        #[arg(long)]
+        anyone: bool,
         /// Who is resuming it, for the history.
         #[arg(long, default_value = "person")]
         by: String,
@@ -527,6 +533,21 @@ fn task(cli: &Cli, cmd: &TaskCmd) -> Result<(), Failure> {
     use crate::ledger::{Ledger, Task, find_root};
     let cwd = std::env::current_dir().map_err(|e| usage(format!("no current folder: {e}")))?;
     let mut l = Ledger::open_root(&find_root(&cwd)?)?;
+    // With a delivery database at hand, agents named here must be registered there.
+    let registered: Option<Vec<String>> = open(cli)
+        .ok()
+        .and_then(|mut s| s.agents().ok())
+        .map(|a| a.into_iter().map(|a| a.id).collect());
+    let known = |id: &str| -> Result<(), Failure> {
+        match &registered {
+            Some(ids) if !ids.iter().any(|a| a == id) => {
+                Err(Failure::from(ServiceError::NotFound(format!(
+                    "unknown agent {id:?}; register it with `handoffs agent add {id} --provider …`"
+                ))))
+            }
+            _ => Ok(()),
+        }
+    };
     let line = |t: &Task| {
         format!(
             "{}  {:<11} {}  (budget {}/{}{}{})",
@@ -554,6 +575,10 @@ fn task(cli: &Cli, cmd: &TaskCmd) -> Result<(), Failure> {
             target,
             cap,
         } => {
+            known(&actor.as_agent)?;
+            if let Some(t) = target {
+                known(t)?;
+            }
             let t = l.create(
                 &actor.as_agent,
                 title,
@@ -565,7 +590,10 @@ fn task(cli: &Cli, cmd: &TaskCmd) -> Result<(), Failure> {
             emit(cli, &t, || format!("created {}", line(&t)));
         }
         TaskCmd::Claim { id, actor, minutes } => {
+            known(&actor.as_agent)?;
             let c = l.claim(&actor.as_agent, id, *minutes)?;
+            // The claim's own list holds the sweep's warning too.
+            let _ = l.take_warnings();
             for w in &c.warnings {
                 eprintln!("handoffs: warning: {w}");
             }
@@ -598,6 +626,7 @@ fn task(cli: &Cli, cmd: &TaskCmd) -> Result<(), Failure> {
             files,
             target,
         } => {
+            known(target)?;
             let p = l.pass(
                 &actor.as_agent,
                 id,
@@ -671,10 +700,23 @@ fn task(cli: &Cli, cmd: &TaskCmd) -> Result<(), Failure> {
                 }
             });
         }
-        TaskCmd::Resume { id, add, by } => {
-            let t = l.resume(by, id, *add)?;
+        TaskCmd::Resume {
+            id,
+            add,
+            target,
+            anyone,
+            by,
+        } => {
+            if let Some(t) = target {
+                known(t)?;
+            }
+            let target = if *anyone { Some("") } else { target.as_deref() };
+            let t = l.resume(by, id, *add, target)?;
             emit(cli, &t, || format!("resumed {}", line(&t)));
         }
+    }
+    for w in l.take_warnings() {
+        eprintln!("handoffs: warning: {w}");
     }
     Ok(())
 }

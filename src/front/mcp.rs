@@ -61,6 +61,13 @@ const IDENTITY_KEYS: &[&str] = &[
     "me",
     "whoami",
     "impersonate",
+    "myself",
+    "by",
+    "owner",
+    "principal",
+    "agentname",
+    "userid",
+    "username",
 ];
 
 fn identity_key(key: &str) -> bool {
@@ -70,7 +77,27 @@ fn identity_key(key: &str) -> bool {
         .map(|c| c.to_ascii_lowercase())
         .collect();
     IDENTITY_KEYS.contains(&norm.as_str())
+        || IDENTITY_PREFIXES.iter().any(|p| norm.starts_with(p))
+        || IDENTITY_SUFFIXES.iter().any(|p| norm.ends_with(p))
 }
+
+/// Any argument name that starts with one of these names an actor (`from_agent_id`,
+/// `sender_name`, `on_behalf`, …); no tool has an argument like that.
+const IDENTITY_PREFIXES: &[&str] = &[
+    "from",
+    "sender",
+    "sentby",
+    "author",
+    "onbehalf",
+    "impersonat",
+    "actas",
+    "actingas",
+    "runas",
+    "requester",
+    "requestor",
+    "caller",
+];
+const IDENTITY_SUFFIXES: &[&str] = &["sender", "author", "identity"];
 
 // ----- tool arguments (their schemas are what tools/list shows) -----
 
@@ -454,12 +481,15 @@ struct Inner {
     db: PathBuf,
     service: Mutex<Service>,
     ledger: Mutex<Option<Ledger>>,
-    ledger_root: Option<PathBuf>,
+    /// The project root, or why there is none.
+    ledger_root: Result<PathBuf, String>,
     /// Lease tokens this server obtained, by task, so an agent need not repeat them.
     tokens: Mutex<HashMap<String, String>>,
     library: Option<Library>,
     tools: OnceLock<Vec<Tool>>,
     changes: OnceLock<Option<Watch>>,
+    /// Ledger warnings gathered during the current call.
+    warnings: Mutex<Vec<String>>,
 }
 
 /// A file watch on the database's folder: any commit by any process touches the WAL file.
@@ -490,10 +520,18 @@ impl McpServer {
                 "unknown agent {agent:?}; register it with `handoffs agent add {agent} --provider …`"
             )));
         }
+        if let Some(dir) = context_library
+            && !dir.is_dir()
+        {
+            return Err(ServiceError::Usage(format!(
+                "--context-library {} is not a folder (create it first)",
+                dir.display()
+            )));
+        }
         let library = context_library.map(Library::open).transpose()?;
         let ledger_root = std::env::current_dir()
-            .ok()
-            .and_then(|d| find_root(&d).ok());
+            .map_err(|e| format!("no current folder: {e}"))
+            .and_then(|d| find_root(&d).map_err(|e| e.to_string()));
         Ok(McpServer {
             inner: Arc::new(Inner {
                 agent: agent.to_owned(),
@@ -505,6 +543,7 @@ impl McpServer {
                 library,
                 tools: OnceLock::new(),
                 changes: OnceLock::new(),
+                warnings: Mutex::new(Vec::new()),
             }),
         })
     }
@@ -514,7 +553,7 @@ impl McpServer {
     #[must_use]
     pub fn with_ledger_root(mut self, root: PathBuf) -> McpServer {
         if let Some(inner) = Arc::get_mut(&mut self.inner) {
-            inner.ledger_root = Some(root);
+            inner.ledger_root = Ok(root);
         }
         self
     }
@@ -551,18 +590,31 @@ impl McpServer {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if guard.is_none() {
-            let root = self.inner.ledger_root.clone().ok_or_else(|| {
-                ToolError(
-                    "no project root: start the server inside a git repository or set HANDOFFS_ROOT"
-                        .to_owned(),
-                )
-            })?;
+            let root = self.inner.ledger_root.clone().map_err(ToolError)?;
             *guard = Some(Ledger::open_root(&root)?);
         }
         let ledger = guard
             .as_mut()
             .ok_or_else(|| ToolError("no ledger".to_owned()))?;
-        Ok(f(ledger)?)
+        let out = f(ledger);
+        self.inner
+            .warnings
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend(ledger.take_warnings());
+        Ok(out?)
+    }
+
+    /// `id` must be a registered agent.
+    fn registered(&self, id: &str) -> Result<(), ToolError> {
+        let agents = self.service().agents()?;
+        if agents.iter().any(|a| a.id == id) {
+            Ok(())
+        } else {
+            Err(ToolError(format!(
+                "unknown agent {id:?}; list_agents names the registered ones"
+            )))
+        }
     }
 
     fn library(&self) -> Result<&Library, ToolError> {
@@ -632,14 +684,57 @@ impl McpServer {
             r.retain(|k, _| !identity_key(k));
             r
         };
-        let out = match name {
-            "wait_for_messages" => self.wait(raw, ct).await,
-            _ => self.call_sync(name, raw),
+        let out = if name == "wait_for_messages" {
+            self.wait(raw, ct).await
+        } else {
+            // On the blocking pool: a database locked by another process (SQLite waits up to
+            // its busy timeout) holds up this call, not the session; and a bug that panics
+            // becomes this call's error instead of a request never answered.
+            let this = self.clone();
+            let tool = name.to_owned();
+            let raw = raw.clone();
+            tokio::task::spawn_blocking(move || this.call_collecting_warnings(&tool, &raw))
+                .await
+                .unwrap_or_else(|e| {
+                    tracing::error!(error = %e, "tool call failed");
+                    Err(ToolError(format!(
+                        "internal error in {name}; the server keeps running"
+                    )))
+                })
         };
         match out {
             Ok(v) => CallToolResult::structured(v),
             Err(ToolError(m)) => error(m),
         }
+    }
+
+    /// `call_sync`, with the ledger's warnings of this call added to its result.
+    fn call_collecting_warnings(&self, name: &str, raw: &JsonObject) -> ToolResult {
+        let lock = || {
+            self.inner
+                .warnings
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        };
+        lock().clear();
+        let out = self.call_sync(name, raw);
+        let warnings = std::mem::take(&mut *lock());
+        out.map(|mut v| {
+            if !warnings.is_empty() && v.is_object() {
+                let mut all: Vec<Value> = v
+                    .get("warnings")
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default();
+                for w in warnings {
+                    if !all.contains(&json!(w)) {
+                        all.push(json!(w));
+                    }
+                }
+                v["warnings"] = json!(all);
+            }
+            v
+        })
     }
 
     fn call_sync(&self, name: &str, raw: &JsonObject) -> ToolResult {
@@ -724,6 +819,9 @@ impl McpServer {
             }
             "create_handoff" => {
                 let a: CreateTaskArgs = args(name, raw)?;
+                if let Some(t) = &a.target_agent {
+                    self.registered(t)?;
+                }
                 let t = self.with_ledger(|l| {
                     l.create(
                         me,
@@ -754,6 +852,7 @@ impl McpServer {
             }
             "pass_handoff" => {
                 let a: PassArgs = args(name, raw)?;
+                self.registered(&a.target_agent)?;
                 let token = self.token(&a.task_id, a.lease_token)?;
                 let p = self.with_ledger(|l| {
                     l.pass(
