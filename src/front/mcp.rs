@@ -490,6 +490,8 @@ struct Inner {
     changes: OnceLock<Option<Watch>>,
     /// Ledger warnings gathered during the current call.
     warnings: Mutex<Vec<String>>,
+    /// Until when the engine counts as running (ms), from its last report read.
+    engine_alive_until: std::sync::atomic::AtomicI64,
 }
 
 /// A file watch on the database's folder: any commit by any process touches the WAL file.
@@ -544,6 +546,7 @@ impl McpServer {
                 tools: OnceLock::new(),
                 changes: OnceLock::new(),
                 warnings: Mutex::new(Vec::new()),
+                engine_alive_until: std::sync::atomic::AtomicI64::new(0),
             }),
         })
     }
@@ -645,10 +648,21 @@ impl McpServer {
 
     /// A warning when no engine has reported recently: sends are stored, but nothing moves.
     fn engine_warning(&self) -> Option<String> {
+        use std::sync::atomic::Ordering;
         let now = crate::store::millis(crate::clock::now());
+        // An engine that reported at `at` counts as running until `at` + 2 minutes: no need
+        // to read its report again before then.
+        if now <= self.inner.engine_alive_until.load(Ordering::Relaxed) {
+            return None;
+        }
         let reported = self.service().engine_reported_at().ok().flatten();
         match reported {
-            Some(at) if now - at <= ENGINE_QUIET_MS => None,
+            Some(at) if now - at <= ENGINE_QUIET_MS => {
+                self.inner
+                    .engine_alive_until
+                    .store(at + ENGINE_QUIET_MS, Ordering::Relaxed);
+                None
+            }
             Some(at) => Some(format!(
                 "no engine has reported for {} minutes: the handoff is stored, but nothing is being delivered until `handoffs run` (or `serve`) runs on this database",
                 (now - at) / 60_000
