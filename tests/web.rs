@@ -180,10 +180,44 @@ async fn routes_status_codes_and_json_errors() {
     }
     let (s, _, _) = request(&app, "GET", "/", None, &[], vec![]).await;
     assert_eq!(s, StatusCode::FORBIDDEN, "no Host at all");
+    // An absolute request target names the host, and wins over the header.
+    let (s, _, _) = request(
+        &app,
+        "GET",
+        "http://evil.example/api/status",
+        Some("localhost"),
+        &[],
+        vec![],
+    )
+    .await;
+    assert_eq!(s, StatusCode::FORBIDDEN, "absolute-form target");
+    let (s, _, _) = request(
+        &app,
+        "GET",
+        "http://localhost:8765/api/status",
+        Some("localhost:8765"),
+        &[],
+        vec![],
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, _, _) = request(
+        &app,
+        "GET",
+        "/",
+        Some("localhost"),
+        &[("host", "evil.example")],
+        vec![],
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "two Host headers");
 
     let (s, v) = get(&app, "/api/status").await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(v["agents"].as_array().map(Vec::len), Some(2));
+    for total in ["in_flight", "needs_attention", "open_work", "overdue"] {
+        assert!(v["totals"][total].is_i64(), "totals.{total}: {v}");
+    }
     assert_eq!(v["can_send"], json!(true));
     let (s, v) = get(&app, "/healthz").await;
     assert_eq!((s, v["ok"].clone()), (StatusCode::OK, json!(true)));
@@ -210,7 +244,13 @@ async fn routes_status_codes_and_json_errors() {
     let (s, v) = get(&app, "/api/send").await;
     assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED);
     assert!(is_error(&v));
-    for bad in ["after=-1", "after=abc", "limit=999999", "after=1e3"] {
+    for bad in [
+        "after=-1",
+        "after=abc",
+        "limit=999999",
+        "after=1e3",
+        "limit=0",
+    ] {
         let (s, v) = get(&app, &format!("/api/events?{bad}")).await;
         assert_eq!(s, StatusCode::BAD_REQUEST, "{bad}");
         assert!(is_error(&v));
@@ -260,6 +300,37 @@ async fn sending_needs_the_token_and_a_good_body() {
     .await;
     assert_eq!(s, StatusCode::UNSUPPORTED_MEDIA_TYPE);
     assert!(is_error(&serde_json::from_slice(&b).expect("json")));
+    let (s, _, _) = request(
+        &app,
+        "POST",
+        "/api/send",
+        Some("localhost"),
+        &[
+            ("x-handoffs-token", &token),
+            ("content-type", "application/jsonfoo"),
+        ],
+        serde_json::to_vec(&good).expect("json"),
+    )
+    .await;
+    assert_eq!(s, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    // The longest message the spec allows fits however JSON escapes it.
+    let widest = json!({"from": "planner", "to": "writer", "message": "\u{1F600}".repeat(200_000)});
+    let escaped = serde_json::to_string(&widest)
+        .expect("json")
+        .replace('\u{1F600}', "\\ud83d\\ude00");
+    let (s, b, _) = request(
+        &app,
+        "POST",
+        "/api/send",
+        Some("localhost"),
+        &[
+            ("x-handoffs-token", &token),
+            ("content-type", "application/json; charset=utf-8"),
+        ],
+        escaped.into_bytes(),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{}", String::from_utf8_lossy(&b));
     let (s, b, _) = request(
         &app,
         "POST",
@@ -336,7 +407,7 @@ async fn sending_needs_the_token_and_a_good_body() {
     }
     assert!(seen, "the snapshot never showed the new delivery");
     let inbox = app.world.json(&["inbox", "writer", "--all"]);
-    assert_eq!(inbox.as_array().map(Vec::len), Some(2), "{inbox}");
+    assert_eq!(inbox.as_array().map(Vec::len), Some(3), "{inbox}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -364,4 +435,23 @@ async fn the_public_demo_serves_any_host_and_never_sends() {
     let (_, v) = get(&app, "/api/status").await;
     assert_eq!(v["can_send"], json!(false));
     assert_eq!(v["engine"]["report"], Value::Null);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_token_file_is_refused_and_init_replaces_it() {
+    let w = common::World::new();
+    let token = handoffs::store::token_path(&w.db);
+    std::fs::write(&token, "").expect("empty token");
+    let snaps = web::snapshots(&w.db, &WebOptions::default()).expect("snapshots");
+    let err = web::router(
+        &w.db,
+        &snaps,
+        WebOptions::default(),
+        tokio_util::sync::CancellationToken::new(),
+    )
+    .expect_err("an empty token is refused")
+    .to_string();
+    assert!(err.contains("empty or too short"), "{err}");
+    w.ok(&["init"]);
+    assert!(std::fs::read_to_string(&token).expect("token").trim().len() >= 32);
 }

@@ -54,7 +54,11 @@ const STOP_GRACE: Duration = Duration::from_secs(10);
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct PassReport {
     pub at: i64,
+    /// For `tick`, the pass; for `run`, the window this report covers (about a second).
     pub took_ms: u64,
+    /// The longest look of the engine's loop in this report (housekeeping, the due query,
+    /// starting jobs), in ms: how long the engine was unable to start anything new.
+    pub pass_ms_max: u64,
     pub enrolled: usize,
     pub reminders: usize,
     pub looked_at: usize,
@@ -214,6 +218,7 @@ impl Engine {
             report.absorb(part);
         }
         report.took_ms = elapsed_ms(started);
+        report.pass_ms_max = report.took_ms;
         let worth_saving = report.moved > 0
             || !report.errors.is_empty()
             || self
@@ -702,8 +707,10 @@ impl Engine {
             }
             // Read before looking: a commit by another connection meanwhile is noticed.
             let seen = self.service.borrow().store.data_version().unwrap_or(0);
+            let looked = Instant::now();
             self.housekeeping_if_due(&mut report);
             self.dispatch(&mut jobs, &mut busy, &mut report, true, JOBS_MAX);
+            report.pass_ms_max = report.pass_ms_max.max(elapsed_ms(looked));
             let now = self.now();
             if !report.errors.is_empty()
                 || self

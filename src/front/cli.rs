@@ -104,8 +104,9 @@ pub enum Command {
         /// network.
         #[arg(long, default_value = "127.0.0.1")]
         host: String,
-        #[arg(long, default_value_t = 8765)]
-        port: u16,
+        /// The port [default: 8765, or a free one when that is taken]; 0: any free one.
+        #[arg(long)]
+        port: Option<u16>,
         /// Answer any Host, refuse sends, and show plain state sentences.
         #[arg(long)]
         public_demo: bool,
@@ -130,9 +131,9 @@ pub enum Command {
     /// Four simulated agents handing work around on a live page; temporary data, deleted on
     /// Ctrl+C.
     Demo {
-        /// The port (0: any free one; a busy default falls back to a free one).
-        #[arg(long, default_value_t = 8765)]
-        port: u16,
+        /// The port [default: 8765, or a free one when that is taken]; 0: any free one.
+        #[arg(long)]
+        port: Option<u16>,
         #[arg(long, default_value = "127.0.0.1")]
         host: String,
         /// How fast the demo agents work (1 = turns of 4 to 7 seconds).

@@ -12,6 +12,7 @@ use crate::store::Store;
 use serde_json::json;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -26,12 +27,18 @@ fn refused(m: impl Into<String>) -> ServiceError {
     ServiceError::Refused(m.into())
 }
 
+/// Why the engine stopped on its own, if it did.
+type Failure = Arc<Mutex<Option<String>>>;
+
 /// Starts the engine on its own thread (it is built there: it is not `Send`); it stops when
-/// `stop` is cancelled. `None` when another engine already delivers for this database.
+/// `stop` is cancelled. `None` when another engine already delivers for this database. An
+/// engine that stops on its own (its database gone) records why in `failure` and stops the
+/// rest too.
 fn engine_thread(
     db: &Path,
     policy: Option<model::Policy>,
     stop: CancellationToken,
+    failure: Failure,
 ) -> Result<Option<std::thread::JoinHandle<()>>, ServiceError> {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<bool, ServiceError>>();
     let db = db.to_owned();
@@ -71,9 +78,14 @@ fn engine_thread(
                 }
             };
             let _ = ready_tx.send(Ok(true));
-            if let Err(e) = rt.block_on(engine.run(Duration::from_secs(5), stop.cancelled_owned()))
+            let watched = stop.clone();
+            if let Err(e) =
+                rt.block_on(engine.run(Duration::from_secs(5), watched.cancelled_owned()))
             {
-                eprintln!("handoffs: the engine stopped: {e}");
+                *failure
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(e);
+                stop.cancel();
             }
         })
         .map_err(|e| refused(format!("cannot start the engine: {e}")))?;
@@ -121,50 +133,102 @@ fn warn_if_public(host: &str, public_demo: bool) {
     }
 }
 
-/// Serves the page (and the engine, unless `engine` is false) until Ctrl+C or `stop`.
+/// The port when none is given; if it is taken, a free one is used instead.
+pub const DEFAULT_PORT: u16 = 8765;
+/// How long open connections get to finish once the server is asked to stop.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+
+/// Binds, builds the page, then starts the engine (`start`) so that nothing is delivered by a
+/// server that could not start, announces the address, and serves until Ctrl+C, SIGTERM,
+/// SIGHUP or `stop`. Returns the engine's thread.
 fn run_web(
     db: &Path,
     host: &str,
-    port: u16,
+    port: Option<u16>,
     options: WebOptions,
     stop: &CancellationToken,
-    announce: impl FnOnce(std::net::SocketAddr) + Send,
-) -> Result<(), ServiceError> {
-    let rt = web_runtime()?;
-    let ctrl_c = stop.clone();
+    start: impl FnOnce() -> Result<Option<std::thread::JoinHandle<()>>, ServiceError>,
+    announce: impl FnOnce(std::net::SocketAddr),
+) -> (
+    Option<std::thread::JoinHandle<()>>,
+    Result<(), ServiceError>,
+) {
+    let rt = match web_runtime() {
+        Ok(rt) => rt,
+        Err(e) => return (None, Err(e)),
+    };
+    let signals = stop.clone();
     rt.spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            ctrl_c.cancel();
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let (Ok(mut term), Ok(mut hup)) = (
+                signal(SignalKind::terminate()),
+                signal(SignalKind::hangup()),
+            ) else {
+                let _ = tokio::signal::ctrl_c().await;
+                signals.cancel();
+                return;
+            };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+                _ = hup.recv() => {}
+            }
         }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+        signals.cancel();
     });
     let db = db.to_owned();
     let host = host.to_owned();
     let s = stop.clone();
-    let out = rt.block_on(async move {
-        let listener = match tokio::net::TcpListener::bind((host.as_str(), port)).await {
+    let mut engine = None;
+    let out = rt.block_on(async {
+        let listener = match tokio::net::TcpListener::bind((
+            host.as_str(),
+            port.unwrap_or(DEFAULT_PORT),
+        ))
+        .await
+        {
             Ok(l) => l,
-            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && port != 0 => {
-                eprintln!("handoffs: port {port} is in use; using a free one");
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && port.is_none() => {
+                eprintln!("handoffs: port {DEFAULT_PORT} is in use; using a free one");
                 tokio::net::TcpListener::bind((host.as_str(), 0))
                     .await
                     .map_err(|e| refused(format!("cannot listen on {host}: {e}")))?
             }
-            Err(e) => return Err(refused(format!("cannot listen on {host}:{port}: {e}"))),
+            Err(e) => {
+                return Err(refused(format!(
+                    "cannot listen on {host}:{}: {e}",
+                    port.unwrap_or(DEFAULT_PORT)
+                )));
+            }
         };
         let addr = listener.local_addr().map_err(|e| refused(e.to_string()))?;
         let snaps = web::snapshots(&db, &options)?;
         let app = web::router(&db, &snaps, options, s.clone())?;
+        engine = start()?;
         announce(addr);
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move { s.cancelled().await })
-            .await
-            .map_err(|e| refused(format!("the web server stopped: {e}")))?;
+        let server = axum::serve(listener, app).with_graceful_shutdown({
+            let s = s.clone();
+            async move { s.cancelled().await }
+        });
+        // A client that never finishes its request must not keep the server from stopping.
+        let forced = async {
+            s.cancelled().await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        };
+        tokio::select! {
+            served = server => served.map_err(|e| refused(format!("the web server stopped: {e}")))?,
+            () = forced => {}
+        }
         drop(snaps);
         Ok(())
     });
     stop.cancel();
-    rt.shutdown_timeout(Duration::from_secs(2));
-    out
+    rt.shutdown_timeout(Duration::from_secs(1));
+    (engine, out)
 }
 
 fn url_for(addr: std::net::SocketAddr, token: Option<&str>) -> String {
@@ -181,29 +245,51 @@ fn url_for(addr: std::net::SocketAddr, token: Option<&str>) -> String {
     }
 }
 
-/// `handoffs serve`: the engine and the page over `db`, until Ctrl+C.
+/// `handoffs serve`: the engine and the page over `db`, until Ctrl+C (or SIGTERM, SIGHUP).
 pub fn serve(
     db: &Path,
     host: &str,
-    port: u16,
+    port: Option<u16>,
     public_demo: bool,
     policy: Option<model::Policy>,
 ) -> Result<Ended, ServiceError> {
     Store::open(db)?;
-    warn_if_public(host, public_demo);
     let stop = CancellationToken::new();
-    let engine = engine_thread(db, policy, stop.clone())?;
+    let failure: Failure = Arc::default();
     let token = token_of(db);
-    let result = run_web(db, host, port, WebOptions { public_demo }, &stop, |addr| {
-        let url = url_for(addr, (!public_demo).then_some(token.as_str()));
-        println!("handoffs: serving {url}");
-        let _ = std::io::stdout().flush();
-    });
+    let (engine, result) = run_web(
+        db,
+        host,
+        port,
+        WebOptions { public_demo },
+        &stop,
+        || engine_thread(db, policy, stop.clone(), failure.clone()),
+        |addr| {
+            warn_if_public(host, public_demo);
+            if public_demo {
+                eprintln!(
+                    "handoffs: warning: --public-demo on a real database shows its handoffs to \
+                     anyone who can reach this address, under any host name"
+                );
+            }
+            let url = url_for(addr, (!public_demo).then_some(token.as_str()));
+            println!("handoffs: serving {url}");
+            let _ = std::io::stdout().flush();
+        },
+    );
     stop.cancel();
     if let Some(h) = engine {
         let _ = h.join();
     }
-    result.map(|()| Ended::Interrupted)
+    result?;
+    match failure
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take()
+    {
+        Some(e) => Err(refused(e)),
+        None => Ok(Ended::Interrupted),
+    }
 }
 
 // ----- the demo -----
@@ -320,11 +406,16 @@ fn demo_round(svc: &mut Service, next_topic: &mut usize) -> Result<usize, Servic
 
 /// `handoffs demo`: a temporary database, four demo agents, the engine, the page, and a driver
 /// that plays the people. Ctrl+C stops everything and deletes the data.
-pub fn demo(host: &str, port: u16, speed: f64, public_demo: bool) -> Result<Ended, ServiceError> {
-    if !(speed > 0.0 && speed <= 100.0) {
-        return Err(ServiceError::Usage(
-            "--speed must be above 0 and at most 100".to_owned(),
-        ));
+pub fn demo(
+    host: &str,
+    port: Option<u16>,
+    speed: f64,
+    public_demo: bool,
+) -> Result<Ended, ServiceError> {
+    if !(SPEED_MIN..=SPEED_MAX).contains(&speed) {
+        return Err(ServiceError::Usage(format!(
+            "--speed must be {SPEED_MIN} to {SPEED_MAX}"
+        )));
     }
     let dir = tempfile::Builder::new()
         .prefix("handoffs-demo-")
@@ -343,37 +434,65 @@ pub fn demo(host: &str, port: u16, speed: f64, public_demo: bool) -> Result<Ende
         ];
         svc.add_agent(id, "demo", Some(name), None, None, &settings)?;
     }
-    warn_if_public(host, public_demo);
     let stop = CancellationToken::new();
-    let engine = engine_thread(&db, None, stop.clone())?;
+    let failure: Failure = Arc::default();
     let driver_stop = stop.clone();
     let every = Duration::from_secs_f64((1.5 / speed).clamp(0.05, 10.0));
-    let driver = std::thread::Builder::new()
-        .name("handoffs-demo".to_owned())
-        .spawn(move || {
-            let mut next_topic = 0;
-            while !driver_stop.is_cancelled() {
-                if let Err(e) = demo_round(&mut svc, &mut next_topic) {
-                    tracing::debug!(error = %e, "demo round");
-                }
-                std::thread::sleep(every);
-            }
-        })
-        .map_err(|e| refused(format!("cannot start the demo: {e}")))?;
     let token = token_of(&db);
-    let result = run_web(&db, host, port, WebOptions { public_demo }, &stop, |addr| {
-        let url = url_for(addr, (!public_demo).then_some(token.as_str()));
-        println!("handoffs demo: open {url}");
-        println!(
-            "four demo agents (Planner, Engineer, Reviewer, Writer) are handing work around; Ctrl+C stops the demo and deletes its data"
-        );
-        let _ = std::io::stdout().flush();
-    });
+    let mut driver = None;
+    let (engine, result) = run_web(
+        &db,
+        host,
+        port,
+        WebOptions { public_demo },
+        &stop,
+        || {
+            let engine = engine_thread(&db, None, stop.clone(), failure.clone())?;
+            driver = Some(
+                std::thread::Builder::new()
+                    .name("handoffs-demo".to_owned())
+                    .spawn(move || {
+                        let mut next_topic = 0;
+                        while !driver_stop.is_cancelled() {
+                            if let Err(e) = demo_round(&mut svc, &mut next_topic) {
+                                tracing::debug!(error = %e, "demo round");
+                            }
+                            std::thread::sleep(every);
+                        }
+                    })
+                    .map_err(|e| refused(format!("cannot start the demo: {e}")))?,
+            );
+            Ok(engine)
+        },
+        |addr| {
+            warn_if_public(host, public_demo);
+            let url = url_for(addr, (!public_demo).then_some(token.as_str()));
+            println!("handoffs demo: open {url}");
+            println!(
+                "four demo agents (Planner, Engineer, Reviewer, Writer) are handing work around; Ctrl+C stops the demo and deletes its data"
+            );
+            let _ = std::io::stdout().flush();
+        },
+    );
     stop.cancel();
-    let _ = driver.join();
+    if let Some(d) = driver {
+        let _ = d.join();
+    }
     if let Some(h) = engine {
         let _ = h.join();
     }
     drop(dir);
-    result.map(|()| Ended::Interrupted)
+    result?;
+    match failure
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take()
+    {
+        Some(e) => Err(refused(e)),
+        None => Ok(Ended::Interrupted),
+    }
 }
+
+/// The demo's speed range: 1 is turns of 4 to 7 seconds.
+pub const SPEED_MIN: f64 = 0.05;
+pub const SPEED_MAX: f64 = 100.0;

@@ -34,10 +34,16 @@ use tokio::sync::watch;
 
 /// The page: one self-contained file, compiled into the binary.
 pub const PAGE: &str = include_str!("../web/page.html");
-/// Largest request body.
-pub const BODY_LIMIT: usize = 1 << 20;
+/// Largest request body: room for a message of 200,000 characters however JSON escapes them
+/// (up to 12 bytes for a character outside the BMP written as `\uXXXX\uXXXX`).
+pub const BODY_LIMIT: usize = 4 << 20;
+/// Longest a request may take to arrive and be answered (the event stream excepted: its
+/// response starts at once).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// An engine that has not reported for this long is shown as not running.
 const ENGINE_ALIVE_MS: i64 = 120_000;
+/// Shortest token the server accepts (init writes 64 hex digits).
+const TOKEN_MIN: usize = 16;
 const SNAPSHOT_POLL: Duration = Duration::from_millis(100);
 const SNAPSHOT_REFRESH: Duration = Duration::from_secs(2);
 const LIST_LIMIT: i64 = 50;
@@ -71,6 +77,8 @@ pub struct WebOptions {
 #[derive(Debug, Default)]
 pub struct Snapshot {
     pub status: Bytes,
+    /// A hash of what the status says, leaving out when it was made and the engine's pulse.
+    pub content: u64,
     pub metrics: String,
     pub engine_alive: bool,
 }
@@ -145,13 +153,21 @@ pub fn router(
     stop: tokio_util::sync::CancellationToken,
 ) -> Result<Router, ServiceError> {
     let service = Service::new(Store::open(db)?);
-    let token = std::fs::read_to_string(crate::store::token_path(service.store.path()))
+    let token_file = crate::store::token_path(service.store.path());
+    let token = std::fs::read_to_string(&token_file)
         .map(|t| t.trim().as_bytes().to_vec())
         .map_err(|e| {
             ServiceError::Refused(format!(
-                "cannot read the token file (run `handoffs init`): {e}"
+                "cannot read the token file {} (run `handoffs init`): {e}",
+                token_file.display()
             ))
         })?;
+    if token.len() < TOKEN_MIN {
+        return Err(ServiceError::Refused(format!(
+            "the token file {} is empty or too short: delete it and run `handoffs init` for a new one",
+            token_file.display()
+        )));
+    }
     let state = Arc::new(AppState {
         snapshot: snapshots.rx.clone(),
         service: Mutex::new(service),
@@ -173,6 +189,10 @@ pub fn router(
             error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed here")
         })
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            REQUEST_TIMEOUT,
+        ))
         .layer(axum::middleware::from_fn(move |req, next| {
             host_check(guarded.clone(), req, next)
         }))
@@ -229,16 +249,20 @@ async fn host_check(
     next: axum::middleware::Next,
 ) -> Response {
     if !state.options.public_demo && !planted("web_host") {
+        if req.headers().get_all(header::HOST).iter().count() > 1 {
+            return error(StatusCode::BAD_REQUEST, "more than one Host header");
+        }
         let host = req
             .headers()
             .get(header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .or_else(|| {
-                req.uri()
-                    .authority()
-                    .map(axum::http::uri::Authority::as_str)
-            });
-        if !host.is_some_and(loopback_host) {
+            .and_then(|h| h.to_str().ok());
+        // An absolute request target names the host too, and wins over the header.
+        let target = req
+            .uri()
+            .authority()
+            .map(axum::http::uri::Authority::as_str);
+        let named = target.or(host);
+        if !named.is_some_and(loopback_host) || !host.is_none_or(loopback_host) {
             return error(
                 StatusCode::FORBIDDEN,
                 "this server answers only to localhost (the Host header is not loopback)",
@@ -312,24 +336,53 @@ async fn healthz(State(s): State<Arc<AppState>>) -> Response {
     axum::Json(json!({ "ok": true, "engine_alive": alive })).into_response()
 }
 
+/// Shortest gap between two events of one stream: a busy engine changes the database many
+/// times a second, and a page that re-renders that often cannot be read.
+const STREAM_GAP: Duration = Duration::from_secs(1);
+/// An unchanged status is still sent this often (times on the page move on).
+const STREAM_REFRESH: Duration = Duration::from_secs(15);
+
 async fn stream(State(s): State<Arc<AppState>>) -> Response {
-    let rx = s.snapshot.clone();
+    struct Stream {
+        rx: watch::Receiver<Arc<Snapshot>>,
+        sent: Option<(u64, tokio::time::Instant)>,
+    }
     let stop = s.stop.clone();
-    let events = futures_util::stream::unfold((rx, true), move |(mut rx, first)| {
+    let start = Stream {
+        rx: s.snapshot.clone(),
+        sent: None,
+    };
+    let events = futures_util::stream::unfold(start, move |mut st| {
         let stop = stop.clone();
         async move {
-            if !first {
-                tokio::select! {
-                    () = stop.cancelled() => return None,
-                    changed = rx.changed() => if changed.is_err() { return None; },
+            loop {
+                if let Some((content, at)) = st.sent {
+                    tokio::select! {
+                        () = stop.cancelled() => return None,
+                        () = tokio::time::sleep_until(at + STREAM_GAP) => {}
+                    }
+                    let refresh = at + STREAM_REFRESH;
+                    if st.rx.borrow_and_update().content == content {
+                        tokio::select! {
+                            () = stop.cancelled() => return None,
+                            changed = st.rx.changed() => if changed.is_err() { return None; },
+                            () = tokio::time::sleep_until(refresh) => {}
+                        }
+                        if st.rx.borrow_and_update().content == content
+                            && tokio::time::Instant::now() < refresh
+                        {
+                            continue;
+                        }
+                    }
                 }
+                let snap = st.rx.borrow_and_update().clone();
+                st.sent = Some((snap.content, tokio::time::Instant::now()));
+                let data = String::from_utf8_lossy(&snap.status).into_owned();
+                return Some((
+                    Ok::<_, Infallible>(Event::default().event("status").data(data)),
+                    st,
+                ));
             }
-            let snap = rx.borrow_and_update().clone();
-            let data = String::from_utf8_lossy(&snap.status).into_owned();
-            Some((
-                Ok::<_, Infallible>(Event::default().event("status").data(data)),
-                (rx, false),
-            ))
         }
     });
     let mut res = Sse::new(events)
@@ -361,7 +414,10 @@ async fn events(State(s): State<Arc<AppState>>, RawQuery(q): RawQuery) -> Respon
         }
     };
     let (after, limit) = match (parse("after", 0, i64::MAX), parse("limit", 500, 5_000)) {
-        (Ok(a), Ok(l)) => (a, l.max(1)),
+        (Ok(_), Ok(0)) => {
+            return error(StatusCode::BAD_REQUEST, "limit must be 1 to 5000");
+        }
+        (Ok(a), Ok(l)) => (a, l),
         (Err(m), _) | (_, Err(m)) => return error(StatusCode::BAD_REQUEST, m),
     };
     let state = s.clone();
@@ -431,11 +487,8 @@ async fn send(
     let json_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| {
-            v.trim()
-                .to_ascii_lowercase()
-                .starts_with("application/json")
-        });
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
     if !json_type {
         return error(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -512,11 +565,9 @@ fn attention_reason(d: &DeliveryView, public: bool) -> String {
         StateKind::OwnerRejected => format!("{} refused the turn.", d.to),
         _ => format!("{} needs a look.", d.state.as_str()),
     };
-    if public || d.detail.is_empty() {
-        plain
-    } else {
-        format!("{plain} ({})", d.detail)
-    }
+    // The page shows the adapter's detail beside it (outside the public demo).
+    let _ = public;
+    plain
 }
 
 fn plain_event(kind: &str) -> &'static str {
@@ -586,14 +637,31 @@ fn histogram(out: &mut String, name: &str, help: &str, samples_ms: &[i64]) {
     ));
 }
 
+/// What `build` reads in one transaction.
+struct Read {
+    queued: Vec<DeliveryView>,
+    busy: Vec<(String, i64)>,
+    unreachable: Vec<(String, i64)>,
+    held: Vec<(String, i64)>,
+    work_counts: crate::store::WorkCounts,
+    open_work: Vec<WorkRow>,
+    overdue_work: Vec<WorkRow>,
+    timings: Vec<crate::store::WorkTimes>,
+    totals: (i64, i64),
+    last_seq: i64,
+    bodies: std::collections::HashMap<String, String>,
+}
+
 /// Builds the status document and the metrics text in one read.
 pub fn build(svc: &mut Service, options: &WebOptions) -> Result<Snapshot, ServiceError> {
-    use StateKind::{Accepted, Busy, Running, Sending, Waiting};
+    use StateKind::{
+        Accepted, Busy, Held, OwnerRejected, Running, Sending, Unavailable, Uncertain, Waiting,
+    };
     let public = options.public_demo;
     let now = millis(svc.now());
     let overview = svc.overview(LIST_LIMIT)?;
     let agents = svc.agents()?;
-    let (queued, busy, open_work, timings, totals, last_seq, bodies) = svc.store.read(|tx| {
+    let read = svc.store.read(|tx| {
         // Waiting and busy deliveries are in flight too: on their way, not yet written.
         let queued = tx
             .deliveries_in(&[Waiting, Busy], LIST_LIMIT)?
@@ -601,8 +669,14 @@ pub fn build(svc: &mut Service, options: &WebOptions) -> Result<Snapshot, Servic
             .map(|d| Service::view(tx, d))
             .collect::<Result<Vec<_>, _>>()?;
         let busy = tx.count_by_recipient(&[Sending, Accepted, Running])?;
-        let open_work = tx.open_work(10_000)?;
-        let timings = tx.work_timings(1_000)?;
+        let unreachable = tx.count_by_recipient(&[Unavailable])?;
+        let held = tx.count_by_recipient(&[Held])?;
+        let work_counts = tx.work_counts(now)?;
+        let open_work = tx.newest_open_work(None, 100)?;
+        let overdue_work = tx.newest_open_work(Some(now), LIST_LIMIT)?;
+        // Every piece of work: the metrics' histograms count all of it (so they only grow),
+        // the page's chart shows the newest.
+        let timings = tx.work_timings(i64::MAX)?;
         let totals = tx.delivery_totals()?;
         let last_seq = tx.last_event_seq()?;
         let mut bodies = std::collections::HashMap::new();
@@ -617,8 +691,33 @@ pub fn build(svc: &mut Service, options: &WebOptions) -> Result<Snapshot, Servic
                 bodies.insert(d.id.clone(), preview(&m.body));
             }
         }
-        Ok::<_, ServiceError>((queued, busy, open_work, timings, totals, last_seq, bodies))
+        Ok::<_, ServiceError>(Read {
+            queued,
+            busy,
+            unreachable,
+            held,
+            work_counts,
+            open_work,
+            overdue_work,
+            timings,
+            totals,
+            last_seq,
+            bodies,
+        })
     })?;
+    let Read {
+        queued,
+        busy,
+        unreachable,
+        held,
+        work_counts: (open_total, overdue_total, open_by_agent),
+        open_work,
+        overdue_work,
+        timings,
+        totals,
+        last_seq,
+        bodies,
+    } = read;
     let delivery = |d: &DeliveryView, reason: bool| -> Value {
         let mut v = json!({
             "id": d.id, "from": d.from, "to": d.to, "title": d.title,
@@ -640,12 +739,18 @@ pub fn build(svc: &mut Service, options: &WebOptions) -> Result<Snapshot, Servic
         .iter()
         .map(|d| delivery(d, true))
         .collect();
-    for w in open_work.iter().filter(|w| overdue(w)).take(50) {
+    for w in &overdue_work {
+        let late = (now - w.due_at.unwrap_or(now)) / 60_000;
+        let since = if late < 1 {
+            "is now overdue".to_owned()
+        } else {
+            format!("was due {late} min ago")
+        };
         needs.push(json!({
             "id": w.id, "from": w.sender, "to": w.recipient, "title": w.title,
             "preview": "", "state": "OVERDUE", "attempts": 0, "detail": "",
-            "reason": format!("Work \"{}\" for {} was due {} min ago and is still {}.",
-                w.title, w.recipient, (now - w.due_at.unwrap_or(now)) / 60_000, w.state),
+            "reason": format!("Work \"{}\" for {} {since} and is still {}.",
+                w.title, w.recipient, w.state),
             "enrolled_at": w.created_at, "updated_at": w.updated_at,
         }));
     }
@@ -671,15 +776,34 @@ pub fn build(svc: &mut Service, options: &WebOptions) -> Result<Snapshot, Servic
     let agent_list: Vec<Value> = agents
         .iter()
         .map(|a| {
-            let in_flight = busy.iter().find(|(r, _)| r == &a.id).map_or(0, |(_, n)| *n);
-            let work = open_work.iter().filter(|w| w.recipient == a.id).count();
+            let of = |list: &[(String, i64)]| {
+                list.iter().find(|(r, _)| r == &a.id).map_or(0, |(_, n)| *n)
+            };
+            let in_flight = of(&busy);
+            let state = if of(&unreachable) > 0 {
+                "unreachable"
+            } else if of(&held) > 0 {
+                "held"
+            } else if in_flight > 0 {
+                "busy"
+            } else {
+                "idle"
+            };
             json!({
                 "id": a.id, "name": a.name, "provider": a.provider,
-                "in_flight": in_flight, "open_work": work,
-                "state": if in_flight > 0 { "busy" } else { "idle" },
+                "in_flight": in_flight, "open_work": of(&open_by_agent),
+                "state": state,
             })
         })
         .collect();
+    let count_of = |states: &[StateKind]| -> i64 {
+        overview
+            .counts
+            .iter()
+            .filter(|(k, _)| states.iter().any(|s| s.as_str() == k))
+            .map(|(_, n)| n)
+            .sum()
+    };
     let tail = |v: &[i64]| -> Vec<i64> {
         let n = usize::try_from(TIMING_SAMPLES).unwrap_or(200);
         v[v.len().saturating_sub(n)..].to_vec()
@@ -698,7 +822,13 @@ pub fn build(svc: &mut Service, options: &WebOptions) -> Result<Snapshot, Servic
         "needs_attention": needs,
         "recent": overview.recent.iter().map(|d| delivery(d, false)).collect::<Vec<_>>(),
         "agents": agent_list,
-        "open_work": open_work.iter().rev().take(100).map(|w| json!({
+        "totals": {
+            "in_flight": count_of(&[Waiting, Busy, Sending, Accepted, Running]),
+            "needs_attention": count_of(&[Uncertain, Unavailable, Held, OwnerRejected]) + overdue_total,
+            "open_work": open_total,
+            "overdue": overdue_total,
+        },
+        "open_work": open_work.iter().map(|w| json!({
             "id": w.id, "sender": w.sender, "recipient": w.recipient, "title": w.title,
             "state": w.state, "due_at": w.due_at, "overdue": overdue(w),
             "summary": w.summary, "created_at": w.created_at, "updated_at": w.updated_at,
@@ -726,27 +856,26 @@ pub fn build(svc: &mut Service, options: &WebOptions) -> Result<Snapshot, Servic
         totals.0, totals.1
     ));
     m.push_str(&format!(
-        "# HELP handoffs_open_work Work not yet closed.\n# TYPE handoffs_open_work gauge\nhandoffs_open_work {}\n",
-        open_work.len()
+        "# HELP handoffs_open_work Work not yet closed.\n# TYPE handoffs_open_work gauge\nhandoffs_open_work {open_total}\n"
     ));
     histogram(
         &mut m,
         "handoffs_send_to_accept_seconds",
-        "Time from sending work to its acceptance (the last 1,000 work items).",
+        "Time from sending work to its acceptance.",
         &send_to_accept,
     );
     histogram(
         &mut m,
         "handoffs_accept_to_return_seconds",
-        "Time from accepting work to returning it (the last 1,000 work items).",
+        "Time from accepting work to returning it.",
         &accept_to_return,
     );
     let pass_ms = overview
         .engine
         .as_ref()
-        .and_then(|r| r.get("took_ms"))
+        .and_then(|r| r.get("pass_ms_max"))
         .and_then(Value::as_f64);
-    m.push_str("# HELP handoffs_engine_pass_duration_seconds The engine's last reported pass.\n# TYPE handoffs_engine_pass_duration_seconds gauge\n");
+    m.push_str("# HELP handoffs_engine_pass_duration_seconds The longest engine pass (housekeeping, the due query, starting jobs) in its last report.\n# TYPE handoffs_engine_pass_duration_seconds gauge\n");
     m.push_str(&format!(
         "handoffs_engine_pass_duration_seconds {}\n",
         pass_ms.map_or("NaN".to_owned(), |ms| (ms / 1000.0).to_string())
@@ -755,7 +884,17 @@ pub fn build(svc: &mut Service, options: &WebOptions) -> Result<Snapshot, Servic
         "# HELP handoffs_engine_up Whether an engine reported in the last 2 minutes.\n# TYPE handoffs_engine_up gauge\nhandoffs_engine_up {}\n",
         u8::from(engine_alive)
     ));
+    let content = {
+        use std::hash::{Hash as _, Hasher as _};
+        let mut steady = status.clone();
+        steady["generated_at"] = Value::Null;
+        steady["engine"] = json!({ "alive": engine_alive });
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        steady.to_string().hash(&mut h);
+        h.finish()
+    };
     Ok(Snapshot {
+        content,
         status: Bytes::from(serde_json::to_vec(&status).unwrap_or_default()),
         metrics: m,
         engine_alive,

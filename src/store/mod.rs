@@ -123,6 +123,11 @@ impl Store {
         let store = Store::open_inner(path, !existed)?;
         let token = token_path(path);
         let mut created_token = false;
+        // An empty or truncated token file would let anyone send through the page: replace it.
+        if std::fs::read_to_string(&token).is_ok_and(|t| t.trim().len() < 16) {
+            std::fs::remove_file(&token)
+                .map_err(|e| StoreError::Io(format!("cannot replace {}: {e}", token.display())))?;
+        }
         if !token.exists() {
             let value = format!(
                 "{}{}",
@@ -299,6 +304,9 @@ pub struct AgentRow {
     pub created_at: i64,
     pub updated_at: i64,
 }
+
+/// Open work: in all, overdue, and per recipient.
+pub type WorkCounts = (i64, i64, Vec<(String, i64)>);
 
 /// When one piece of work was sent, accepted and returned (ms).
 pub type WorkTimes = (i64, Option<i64>, Option<i64>);
@@ -953,6 +961,33 @@ impl Tx<'_> {
              FROM work w ORDER BY w.updated_at DESC LIMIT ?1",
         )?;
         let rows = st.query_map([limit], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// Open work (not closed): how much in all, how much overdue at `now`, and how much per
+    /// recipient.
+    pub fn work_counts(&self, now: i64) -> Result<WorkCounts> {
+        let (open, overdue) = self.tx.prepare_cached(
+            "SELECT count(*),
+                    coalesce(sum(state IN ('assigned', 'accepted') AND due_at IS NOT NULL AND due_at <= ?1), 0)
+             FROM work WHERE state != 'closed'",
+        )?
+        .query_row([now], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        let mut st = self.tx.prepare_cached(
+            "SELECT recipient, count(*) FROM work WHERE state != 'closed' GROUP BY recipient",
+        )?;
+        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok((open, overdue, rows.collect::<rusqlite::Result<_>>()?))
+    }
+
+    /// The newest open work first (`overdue_at`: only work overdue at that time).
+    pub fn newest_open_work(&self, overdue_at: Option<i64>, limit: i64) -> Result<Vec<WorkRow>> {
+        let mut st = self.tx.prepare_cached(&format!(
+            "SELECT {WORK_COLS} FROM work WHERE state != 'closed'
+               AND (?1 IS NULL OR (state IN ('assigned', 'accepted') AND due_at IS NOT NULL AND due_at <= ?1))
+             ORDER BY created_at DESC LIMIT ?2"
+        ))?;
+        let rows = st.query_map(rusqlite::params![overdue_at, limit], work_from)?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
