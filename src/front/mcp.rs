@@ -492,6 +492,8 @@ struct Inner {
     warnings: Mutex<Vec<String>>,
     /// Until when the engine counts as running (ms), from its last report read.
     engine_alive_until: std::sync::atomic::AtomicI64,
+    /// The last "no engine" warning, and until when it holds (ms).
+    engine_quiet: Mutex<Option<(i64, String)>>,
 }
 
 /// A file watch on the database's folder: any commit by any process touches the WAL file.
@@ -547,6 +549,7 @@ impl McpServer {
                 changes: OnceLock::new(),
                 warnings: Mutex::new(Vec::new()),
                 engine_alive_until: std::sync::atomic::AtomicI64::new(0),
+                engine_quiet: Mutex::new(None),
             }),
         })
     }
@@ -655,6 +658,19 @@ impl McpServer {
         if now <= self.inner.engine_alive_until.load(Ordering::Relaxed) {
             return None;
         }
+        // No engine: an engine reports once a second, so a verdict of "quiet" holds for one.
+        {
+            let quiet = self
+                .inner
+                .engine_quiet
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some((until, warning)) = quiet.as_ref()
+                && now <= *until
+            {
+                return Some(warning.clone());
+            }
+        }
         let reported = self.service().engine_reported_at().ok().flatten();
         match reported {
             Some(at) if now - at <= ENGINE_QUIET_MS => {
@@ -663,13 +679,22 @@ impl McpServer {
                     .store(at + ENGINE_QUIET_MS, Ordering::Relaxed);
                 None
             }
-            Some(at) => Some(format!(
-                "no engine has reported for {} minutes: the handoff is stored, but nothing is being delivered until `handoffs run` (or `serve`) runs on this database",
-                (now - at) / 60_000
-            )),
-            None => Some(
-                "no engine has ever run on this database: the handoff is stored, but nothing is delivered until `handoffs run` (or `serve`) runs on it".to_owned(),
-            ),
+            reported => {
+                let warning = match reported {
+                    Some(at) => format!(
+                        "no engine has reported for {} minutes: the handoff is stored, but nothing is being delivered until `handoffs run` (or `serve`) runs on this database",
+                        (now - at) / 60_000
+                    ),
+                    None => "no engine has ever run on this database: the handoff is stored, but nothing is delivered until `handoffs run` (or `serve`) runs on it".to_owned(),
+                };
+                *self
+                    .inner
+                    .engine_quiet
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                    Some((now + 1_000, warning.clone()));
+                Some(warning)
+            }
         }
     }
 
