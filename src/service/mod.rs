@@ -857,14 +857,8 @@ impl Service {
             Ok(Overview {
                 in_flight: views(&[Sending, Accepted, Running])?,
                 needs_attention: views(&[Uncertain, Unavailable, Held, OwnerRejected])?,
-                overdue_work: tx
-                    .open_work(10_000)?
-                    .into_iter()
-                    .filter(|w| {
-                        w.due_at.is_some_and(|d| d <= now)
-                            && matches!(w.state.as_str(), "assigned" | "accepted")
-                    })
-                    .collect(),
+                // The newest overdue work; the totals live in the page's snapshot.
+                overdue_work: tx.newest_open_work(Some(now), limit)?,
                 recent: views(&[Returned, Failed, Acknowledged, Cancelled, Duplicate])?,
                 counts: tx.count_by_state()?,
                 engine_reported_at: report.as_ref().map(|r| r.0),
