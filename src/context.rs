@@ -132,6 +132,8 @@ fn check_tags(tags: &[String]) -> Result<()> {
 
 /// Splits a file into its header fields and body.
 fn parse(text: &str) -> (Vec<(String, String)>, &str) {
+    // Editors on some systems start a file with a byte-order mark.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let rest = text
         .strip_prefix("---\n")
         .or_else(|| text.strip_prefix("---\r\n"));
@@ -626,6 +628,12 @@ mod tests {
             jp.contains("layout: post") && jp.contains("superseded_by:"),
             "{jp}"
         );
+        std::fs::write(
+            dir.path().join("bom.md"),
+            "\u{feff}---\nid: bom\nauthor: ann\n---\nbody\n",
+        )
+        .unwrap();
+        assert_eq!(lib.get("bom").unwrap().author.as_deref(), Some("ann"));
         assert!(lib.record("eng", "two\nlines", "x", &[], None).is_err());
     }
 }

@@ -238,6 +238,7 @@ async fn routes_status_codes_and_json_errors() {
     ] {
         assert!(text.contains(name), "{name} missing:\n{text}");
     }
+    assert!(!text.contains(" -0\n"), "a negative zero:\n{text}");
     let (s, v) = get(&app, "/nope").await;
     assert_eq!(s, StatusCode::NOT_FOUND);
     assert!(is_error(&v));

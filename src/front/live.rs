@@ -30,6 +30,19 @@ fn refused(m: impl Into<String>) -> ServiceError {
 /// Why the engine stopped on its own, if it did.
 type Failure = Arc<Mutex<Option<String>>>;
 
+/// How `serve` or `demo` ended: the server's own failure, else the engine's, else a signal.
+fn ended(result: Result<(), ServiceError>, failure: &Failure) -> Result<Ended, ServiceError> {
+    result?;
+    match failure
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take()
+    {
+        Some(e) => Err(refused(e)),
+        None => Ok(Ended::Interrupted),
+    }
+}
+
 /// Starts the engine on its own thread (it is built there: it is not `Send`); it stops when
 /// `stop` is cancelled. `None` when another engine already delivers for this database. An
 /// engine that stops on its own (its database gone) records why in `failure` and stops the
@@ -281,15 +294,7 @@ pub fn serve(
     if let Some(h) = engine {
         let _ = h.join();
     }
-    result?;
-    match failure
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .take()
-    {
-        Some(e) => Err(refused(e)),
-        None => Ok(Ended::Interrupted),
-    }
+    ended(result, &failure)
 }
 
 // ----- the demo -----
@@ -482,15 +487,7 @@ pub fn demo(
         let _ = h.join();
     }
     drop(dir);
-    result?;
-    match failure
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .take()
-    {
-        Some(e) => Err(refused(e)),
-        None => Ok(Ended::Interrupted),
-    }
+    ended(result, &failure)
 }
 
 /// The demo's speed range: 1 is turns of 4 to 7 seconds.

@@ -164,7 +164,7 @@ pub fn router(
         })?;
     if token.len() < TOKEN_MIN {
         return Err(ServiceError::Refused(format!(
-            "the token file {} is empty or too short: delete it and run `handoffs init` for a new one",
+            "the token file {} is empty or too short: `handoffs init` writes a new one",
             token_file.display()
         )));
     }
@@ -630,7 +630,8 @@ fn histogram(out: &mut String, name: &str, help: &str, samples_ms: &[i64]) {
         out.push_str(&format!("{name}_bucket{{le=\"{b}\"}} {n}\n"));
     }
     #[allow(clippy::cast_precision_loss)]
-    let sum: f64 = samples_ms.iter().map(|&ms| ms as f64 / 1000.0).sum();
+    // `+ 0.0`: an empty sum of floats is -0.0, which would print as "-0".
+    let sum: f64 = samples_ms.iter().map(|&ms| ms as f64 / 1000.0).sum::<f64>() + 0.0;
     out.push_str(&format!(
         "{name}_bucket{{le=\"+Inf\"}} {n}\n{name}_sum {sum}\n{name}_count {n}\n",
         n = samples_ms.len()
