@@ -640,7 +640,7 @@ impl McpServer {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         tokens
             .iter()
-            .find(|(k, _)| k.starts_with(task_id) || task_id.starts_with(k.as_str()))
+            .find(|(k, _)| k.starts_with(task_id))
             .map(|(_, v)| v.clone())
             .ok_or_else(|| {
                 ToolError(format!(

@@ -549,8 +549,10 @@ async fn send(
 
 // ----- the snapshot -----
 
-fn attention_reason(d: &DeliveryView, public: bool) -> String {
-    let plain = match d.state {
+/// Why a person should look, in plain words (the page shows the adapter's detail beside it,
+/// outside the public demo).
+fn attention_reason(d: &DeliveryView) -> String {
+    match d.state {
         StateKind::Uncertain => format!(
             "Nobody can tell whether this reached {}; it will not be resent on its own. Check \
              their session, then release it (`handoffs release {}`).",
@@ -564,10 +566,7 @@ fn attention_reason(d: &DeliveryView, public: bool) -> String {
         ),
         StateKind::OwnerRejected => format!("{} refused the turn.", d.to),
         _ => format!("{} needs a look.", d.state.as_str()),
-    };
-    // The page shows the adapter's detail beside it (outside the public demo).
-    let _ = public;
-    plain
+    }
 }
 
 fn plain_event(kind: &str) -> &'static str {
@@ -728,7 +727,7 @@ pub fn build(svc: &mut Service, options: &WebOptions) -> Result<Snapshot, Servic
             "enrolled_at": d.enrolled_at, "updated_at": d.updated_at,
         });
         if reason {
-            v["reason"] = json!(attention_reason(d, public));
+            v["reason"] = json!(attention_reason(d));
         }
         v
     };
