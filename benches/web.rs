@@ -28,10 +28,10 @@ fn main() {
     let mut svc = Service::new(store);
     // Ten recipients whose turns last an hour: one delivery each is running, the rest wait.
     let settings = vec![("turn_seconds".to_owned(), json!(3600))];
-    svc.add_agent("boss", "demo", None, None, None, &[])
+    svc.add_agent("boss", Some("demo"), None, None, None, &[])
         .unwrap();
     for i in 0..10 {
-        svc.add_agent(&format!("a{i}"), "demo", None, None, None, &settings)
+        svc.add_agent(&format!("a{i}"), Some("demo"), None, None, None, &settings)
             .unwrap();
     }
     let t = Instant::now();

@@ -168,7 +168,7 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
             ),
         ];
         setup
-            .add_agent(name, "command", None, None, None, &settings)
+            .add_agent(name, Some("command"), None, None, None, &settings)
             .map_err(|e| e.to_string())?;
     }
     setup

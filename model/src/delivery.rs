@@ -307,9 +307,14 @@ impl Delivery {
                 UnavailableReason::AgentMissing => {
                     format!("agent {} is not registered", u.core.target.agent)
                 }
-                UnavailableReason::TargetChanged => format!(
-                    "agent {} changed its provider or endpoint since this was queued; nothing is redirected",
-                    u.core.target.agent
+                UnavailableReason::TargetChanged { changed } => format!(
+                    "agent {} changed its destination ({}) since this was queued; nothing is redirected: register it as it was, or release this delivery",
+                    u.core.target.agent,
+                    if changed.is_empty() {
+                        "provider or endpoint".to_owned()
+                    } else {
+                        changed.join(", ")
+                    }
                 ),
                 UnavailableReason::ActivityUnknown { detail } => {
                     format!("the recipient's activity cannot be verified: {detail}")

@@ -71,8 +71,12 @@ pub fn decode(data: &[u8], max_events: usize) -> (Delivery, Vec<Event>) {
         } else {
             RequestId::new(format!("other-{}", b.next() % 3))
         };
-        let current_target = match b.next() % 4 {
+        let current_target = match b.next() % 5 {
             0 => None,
+            3 => Some(Target {
+                route: [("url".to_owned(), "\"http://elsewhere/\"".to_owned())].into(),
+                ..target.clone()
+            }),
             1 => Some(Target {
                 endpoint: "elsewhere".to_owned(),
                 ..target.clone()

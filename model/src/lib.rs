@@ -22,7 +22,7 @@ pub use event::{
 };
 pub use ids::{AgentId, MessageId, Millis, RequestId, TurnId};
 pub use policy::{PlantedBug, Policy};
-pub use states::{Core, MessageKind, Provider, Target};
+pub use states::{Core, MessageKind, Provider, ROUTE_SETTINGS, Target};
 pub use step::step;
 
 /// Enrols a message (SPEC §2.1): a new delivery, WAITING, or DUPLICATE of the live plain

@@ -83,4 +83,7 @@ pub enum PlantedBug {
     ReserveAfterWrite,
     /// The send boundary hands the same write over again (breaks G2).
     WriteTwice,
+    /// The destination is resolved when writing, from the registration as it is then, and a
+    /// changed route is not seen as a new destination (breaks G1).
+    ResolveAtWrite,
 }

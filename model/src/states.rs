@@ -6,6 +6,7 @@
 use crate::ids::{AgentId, MessageId, Millis, RequestId, TurnId};
 use crate::policy::Policy;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// The adapter kind an agent is delivered through.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -34,22 +35,60 @@ impl Provider {
     }
 }
 
-/// Where a delivery goes, frozen at enrolment (G1).
+/// The adapter settings that address a recipient (SPEC §1): a change to any of them sends a
+/// write somewhere else, so each is part of the destination frozen at enrolment (G1). Other
+/// settings (a timeout, say) are not.
+pub const ROUTE_SETTINGS: &[&str] = &[
+    "url",
+    "status_url",
+    "activity_url",
+    "command",
+    "binary",
+    "home",
+    "config_dir",
+    "socket",
+];
+
+/// Where a delivery goes, frozen at enrolment (G1): the agent, its provider and endpoint, and
+/// its route (each [`ROUTE_SETTINGS`] key it has, with the setting's value as JSON text).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Target {
     pub agent: AgentId,
     pub provider: Provider,
     pub endpoint: String,
     pub cwd: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub route: BTreeMap<String, String>,
 }
 
 impl Target {
     /// Whether `current` (the agent as registered now) is still this target: same agent,
-    /// provider and endpoint. The folder may move without redirecting anything.
+    /// provider, endpoint and route. The folder may move without redirecting anything.
     pub fn same_destination(&self, current: &Target) -> bool {
-        self.agent == current.agent
-            && self.provider == current.provider
-            && self.endpoint == current.endpoint
+        self.changes(current).is_empty()
+    }
+
+    /// What differs between this destination and `current`'s, by name (`provider`,
+    /// `endpoint`, a route setting), in a stable order.
+    pub fn changes(&self, current: &Target) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.agent != current.agent {
+            out.push("agent".to_owned());
+        }
+        if self.provider != current.provider {
+            out.push("provider".to_owned());
+        }
+        if self.endpoint != current.endpoint {
+            out.push("endpoint".to_owned());
+        }
+        let keys: std::collections::BTreeSet<&String> =
+            self.route.keys().chain(current.route.keys()).collect();
+        for key in keys {
+            if self.route.get(key) != current.route.get(key) {
+                out.push(key.clone());
+            }
+        }
+        out
     }
 }
 
@@ -208,7 +247,11 @@ pub enum HeldReason {
 #[serde(tag = "why", rename_all = "snake_case")]
 pub enum UnavailableReason {
     AgentMissing,
-    TargetChanged,
+    /// The destination differs from the one frozen at enrolment; `changed` names what.
+    TargetChanged {
+        #[serde(default)]
+        changed: Vec<String>,
+    },
     ActivityUnknown { detail: String },
 }
 

@@ -109,11 +109,11 @@ pub fn step(record: Delivery, event: Event, policy: &Policy) -> Step {
 
 fn on_pass(record: Delivery, facts: PassFacts, now: Millis, policy: &Policy) -> Arm {
     match record {
-        Delivery::Waiting(p) => pass_pending(p, &facts, now),
-        Delivery::Busy(p) => pass_pending(p, &facts, now),
-        Delivery::Held(p) => pass_pending(p, &facts, now),
-        Delivery::Unavailable(p) => pass_pending(p, &facts, now),
-        Delivery::OwnerRejected(p) => pass_pending(p, &facts, now),
+        Delivery::Waiting(p) => pass_pending(p, &facts, now, policy),
+        Delivery::Busy(p) => pass_pending(p, &facts, now, policy),
+        Delivery::Held(p) => pass_pending(p, &facts, now, policy),
+        Delivery::Unavailable(p) => pass_pending(p, &facts, now, policy),
+        Delivery::OwnerRejected(p) => pass_pending(p, &facts, now, policy),
         Delivery::Uncertain(u) => {
             if policy.planted(PlantedBug::ResendFromUncertain) {
                 #[cfg(feature = "planted-bugs")]
@@ -162,7 +162,7 @@ fn on_pass(record: Delivery, facts: PassFacts, now: Millis, policy: &Policy) -> 
     }
 }
 
-fn pass_pending<P>(mut p: P, facts: &PassFacts, now: Millis) -> Arm
+fn pass_pending<P>(mut p: P, facts: &PassFacts, now: Millis, policy: &Policy) -> Arm
 where
     P: Pending + Into<Delivery>,
 {
@@ -188,8 +188,9 @@ where
     // 4. The recipient is gone or moved: nothing is sent blind, nothing redirected.
     match &facts.recipient {
         None => return done(p.unavailable(UnavailableReason::AgentMissing, now)),
-        Some(current) if !core.target.same_destination(current) => {
-            return done(p.unavailable(UnavailableReason::TargetChanged, now));
+        Some(current) if !destination_changes(&core.target, current, policy).is_empty() => {
+            let changed = destination_changes(&core.target, current, policy);
+            return done(p.unavailable(UnavailableReason::TargetChanged { changed }, now));
         }
         Some(_) => {}
     }
@@ -333,10 +334,11 @@ fn on_send_boundary(
                     .unavailable(UnavailableReason::AgentMissing, now),
             );
         }
-        Some(current) if !s.core.target.same_destination(current) => {
+        Some(current) if !destination_changes(&s.core.target, current, policy).is_empty() => {
+            let changed = destination_changes(&s.core.target, current, policy);
             return done(
                 s.back_out(now)
-                    .unavailable(UnavailableReason::TargetChanged, now),
+                    .unavailable(UnavailableReason::TargetChanged { changed }, now),
             );
         }
         Some(_) => {}
@@ -554,4 +556,17 @@ fn on_time(record: Delivery, now: Millis, policy: &Policy) -> Arm {
         }
         other => done(other),
     }
+}
+
+/// What differs between the frozen destination and the registration now (G1).
+fn destination_changes(frozen: &Target, current: &Target, policy: &Policy) -> Vec<String> {
+    if policy.planted(PlantedBug::ResolveAtWrite) {
+        // The planted bug: only the provider and endpoint count.
+        let current = Target {
+            route: frozen.route.clone(),
+            ..current.clone()
+        };
+        return frozen.changes(&current);
+    }
+    frozen.changes(current)
 }

@@ -28,6 +28,7 @@ fn target() -> Target {
         provider: Provider::Codex,
         endpoint: "session-1".to_owned(),
         cwd: "/work".to_owned(),
+        route: std::collections::BTreeMap::new(),
     }
 }
 

@@ -17,6 +17,7 @@ fn target(provider: Provider) -> Target {
         provider,
         endpoint: "thread-1".to_owned(),
         cwd: "/repo".to_owned(),
+        route: std::collections::BTreeMap::new(),
     }
 }
 

@@ -134,6 +134,7 @@ fn enrolment_deduplicates_plain_handoffs_only() {
                 provider: model::Provider::Command,
                 endpoint: String::new(),
                 cwd: String::new(),
+                route: std::collections::BTreeMap::new(),
             },
             kind,
             "h".to_owned(),

@@ -557,6 +557,14 @@ async fn deliver(
             // Gone since the pass began: the next pass makes it UNAVAILABLE.
             break;
         };
+        // Every adapter call goes to the destination frozen at enrolment, never to wherever
+        // the agent is registered now (G1): a changed destination stops a write at the
+        // step, and observation keeps asking where the write went.
+        let agent = if ctx.policy.planted(model::PlantedBug::ResolveAtWrite) {
+            agent
+        } else {
+            agent.at_target(record.core().target())
+        };
         let next = match effect {
             Effect::CheckActivity => {
                 let activity = adapters.activity(svc, &agent).await;

@@ -178,8 +178,9 @@ pub enum AgentCmd {
     /// Register or update an agent.
     Add {
         id: String,
+        /// demo, command, codex or claude-code; needed for a new agent only.
         #[arg(long)]
-        provider: String,
+        provider: Option<String>,
         #[arg(long)]
         name: Option<String>,
         #[arg(long)]
@@ -1004,13 +1005,13 @@ fn agent(cli: &Cli, cmd: &AgentCmd) -> Result<(), Failure> {
         } => {
             let a = s.add_agent(
                 id,
-                provider,
+                provider.as_deref(),
                 name.as_deref(),
                 endpoint.as_deref(),
                 cwd.as_deref(),
                 settings,
             )?;
-            emit(cli, &a, || format!("{} ({}) registered", a.id, a.provider));
+            emit(cli, &a, || a.sentence());
         }
         AgentCmd::List => {
             let agents = s.agents()?;

@@ -437,7 +437,7 @@ pub fn demo(
             ("turn_seconds".to_owned(), json!(turn)),
             ("speed".to_owned(), json!(speed)),
         ];
-        svc.add_agent(id, "demo", Some(name), None, None, &settings)?;
+        svc.add_agent(id, Some("demo"), Some(name), None, None, &settings)?;
     }
     let stop = CancellationToken::new();
     let failure: Failure = Arc::default();

@@ -215,6 +215,39 @@ pub fn parse_provider(s: &str) -> Result<Provider> {
     }
 }
 
+/// What `add_agent` did: the agent as stored, and (G1) the open deliveries that stay with
+/// the destination they were queued for because this registration changed it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct AgentAdded {
+    #[serde(flatten)]
+    pub agent: AgentRow,
+    pub updated: bool,
+    /// What changed in the destination of those deliveries (`url`, `endpoint`, …).
+    pub destination_changed: Vec<String>,
+    /// Pending deliveries queued for the old destination: they become UNAVAILABLE.
+    pub stranded_deliveries: usize,
+}
+
+impl AgentAdded {
+    /// One line for a person.
+    pub fn sentence(&self) -> String {
+        let a = &self.agent;
+        let verb = if self.updated { "updated" } else { "registered" };
+        let mut line = format!("{} ({}) {verb}", a.id, a.provider);
+        if self.stranded_deliveries > 0 {
+            let n = self.stranded_deliveries;
+            line.push_str(&format!(
+                "; its destination changed ({}): {n} open {} queued for the old destination {} UNAVAILABLE, never redirected (register it as it was, or `handoffs release` {})",
+                self.destination_changed.join(", "),
+                if n == 1 { "delivery" } else { "deliveries" },
+                if n == 1 { "stays" } else { "stay" },
+                if n == 1 { "it" } else { "them" },
+            ));
+        }
+        line
+    }
+}
+
 /// The agent as a delivery target.
 pub fn target_of(agent: &AgentRow) -> Option<Target> {
     let provider = parse_provider(&agent.provider).ok()?;
@@ -223,6 +256,7 @@ pub fn target_of(agent: &AgentRow) -> Option<Target> {
         provider,
         endpoint: agent.endpoint.clone(),
         cwd: agent.cwd.clone(),
+        route: agent.route(),
     })
 }
 
@@ -354,14 +388,14 @@ impl Service {
     pub fn add_agent(
         &mut self,
         id: &str,
-        provider: &str,
+        provider: Option<&str>,
         name: Option<&str>,
         endpoint: Option<&str>,
         cwd: Option<&str>,
         settings: &[(String, Value)],
-    ) -> Result<AgentRow> {
+    ) -> Result<AgentAdded> {
         check_agent_id(id)?;
-        let provider = parse_provider(provider)?;
+        let provider = provider.map(parse_provider).transpose()?;
         if let Some(n) = name {
             check_len("name", n, ID_CHARS_MAX)?;
         }
@@ -371,6 +405,15 @@ impl Service {
         let now = millis(self.now());
         self.store.write(|tx| {
             let existing = tx.agent(id)?;
+            let provider = match (provider, &existing) {
+                (Some(p), _) => p,
+                (None, Some(a)) => parse_provider(&a.provider)?,
+                (None, None) => {
+                    return usage(format!(
+                        "agent {id} is new: say which adapter delivers to it with --provider demo|command|codex|claude-code"
+                    ));
+                }
+            };
             let mut merged = existing
                 .as_ref()
                 .map(|a| a.settings.clone())
@@ -406,18 +449,33 @@ impl Service {
                 updated_at: now,
             };
             tx.upsert_agent(&row)?;
-            let verb = if existing.is_some() {
-                "updated"
-            } else {
-                "registered"
+            // G1: queued deliveries keep the destination they were queued for.
+            let mut changed = Vec::new();
+            let mut stranded = 0;
+            if let Some(new) = target_of(&row) {
+                for d in tx.pending_for(id)? {
+                    let c = d.record.core().target().changes(&new);
+                    if !c.is_empty() {
+                        stranded += 1;
+                        for k in c {
+                            if !changed.contains(&k) {
+                                changed.push(k);
+                            }
+                        }
+                    }
+                }
+            }
+            let added = AgentAdded {
+                agent: row,
+                updated: existing.is_some(),
+                destination_changed: changed,
+                stranded_deliveries: stranded,
             };
-            tx.event(
-                now,
-                None,
-                "agent",
-                &format!("agent {id} {verb} ({})", row.provider),
-            )?;
-            Ok(row)
+            tx.event(now, None, "agent", &format!("agent {}", added.sentence()))?;
+            // A registration change is a fact the next pass must see at once (a destination
+            // restored, or changed away).
+            tx.wake_recipient(id, now)?;
+            Ok(added)
         })
     }
 

@@ -3,10 +3,10 @@
 //! does not yet build against rusqlite 0.43, and this is twenty lines.
 
 /// The schema version this build writes.
-pub const LATEST: i64 = 2;
+pub const LATEST: i64 = 3;
 
 /// `STEPS[i]` migrates from version `i` to `i + 1`.
-pub const STEPS: [&str; 2] = [
+pub const STEPS: [&str; 3] = [
     r"
 CREATE TABLE agents (
     id TEXT PRIMARY KEY,
@@ -105,4 +105,8 @@ CREATE TABLE engine (
     r"
 CREATE INDEX deliveries_recipient_due ON deliveries (recipient, due_at) WHERE due_at IS NOT NULL;
 ",
+    // 2 → 3: a delivery's frozen target holds its route (the settings that address the
+    // recipient, G1). No schema change: `Store::migrate` fills the route of every delivery
+    // that is not settled from its agent's settings (`fill_routes`).
+    "",
 ];

@@ -240,6 +240,9 @@ impl Store {
             let target = i64::try_from(i).unwrap_or(i64::MAX) + 1;
             if target > now.max(from) {
                 tx.execute_batch(sql)?;
+                if target == 3 {
+                    fill_routes(&tx)?;
+                }
             }
         }
         tx.execute_batch(&format!(
@@ -303,6 +306,86 @@ pub struct AgentRow {
     pub settings: Value,
     pub created_at: i64,
     pub updated_at: i64,
+}
+
+/// Migration 2 → 3: records written before targets carried a route get the route their agent
+/// has now (the best knowledge there is), so an upgrade neither redirects nor strands them.
+fn fill_routes(tx: &rusqlite::Transaction<'_>) -> Result<()> {
+    let mut rows = Vec::new();
+    {
+        let mut st = tx.prepare(
+            "SELECT d.message_id, d.record, a.settings FROM deliveries d
+             JOIN agents a ON a.id = d.recipient WHERE d.class != 'terminal'",
+        )?;
+        let mut q = st.query([])?;
+        while let Some(r) = q.next()? {
+            let id: String = r.get(0)?;
+            let record: String = r.get(1)?;
+            let settings: String = r.get(2)?;
+            rows.push((id, record, serde_json::from_str(&settings).unwrap_or(Value::Null)));
+        }
+    }
+    for (id, record, settings) in rows {
+        let Ok(mut value) = serde_json::from_str::<Value>(&record) else {
+            continue;
+        };
+        let Some(target) = value.get_mut("target").and_then(Value::as_object_mut) else {
+            continue;
+        };
+        if target.contains_key("route") {
+            continue;
+        }
+        let route: serde_json::Map<String, Value> = route_of(&settings)
+            .into_iter()
+            .map(|(k, v)| (k, Value::String(v)))
+            .collect();
+        target.insert("route".to_owned(), Value::Object(route));
+        tx.execute(
+            "UPDATE deliveries SET record = ?2 WHERE message_id = ?1",
+            rusqlite::params![id, value.to_string()],
+        )?;
+    }
+    Ok(())
+}
+
+fn route_of(settings: &Value) -> std::collections::BTreeMap<String, String> {
+    model::ROUTE_SETTINGS
+        .iter()
+        .filter_map(|k| Some(((*k).to_owned(), settings.get(*k)?.to_string())))
+        .collect()
+}
+
+impl AgentRow {
+    /// The settings that address this agent (`model::ROUTE_SETTINGS`), each as JSON text: the
+    /// part of its destination that lives in its settings (G1).
+    pub fn route(&self) -> std::collections::BTreeMap<String, String> {
+        route_of(&self.settings)
+    }
+
+    /// This agent as the adapters must address it for a delivery frozen to `target`: the
+    /// provider, endpoint and route of the target (where the delivery was queued for), the
+    /// rest (folder, timeouts) as registered now. While the destination is unchanged this is
+    /// the row itself; after a change, observation and history scans still go where the write
+    /// went, and a write can only go there (G1).
+    pub fn at_target(&self, target: &model::Target) -> AgentRow {
+        let mut row = self.clone();
+        row.provider = target.provider.as_str().to_owned();
+        row.endpoint.clone_from(&target.endpoint);
+        if let Some(obj) = row.settings.as_object_mut() {
+            for key in model::ROUTE_SETTINGS {
+                match target.route.get(*key) {
+                    Some(text) => {
+                        let value = serde_json::from_str(text).unwrap_or(Value::Null);
+                        obj.insert((*key).to_owned(), value);
+                    }
+                    None => {
+                        obj.remove(*key);
+                    }
+                }
+            }
+        }
+        row
+    }
 }
 
 /// Open work: in all, overdue, and per recipient.
@@ -909,6 +992,30 @@ impl Tx<'_> {
              )",
             )?
             .query_row([per_recipient], |r| r.get(0))?)
+    }
+
+    /// The pending deliveries to `recipient` (queued, busy, held, unavailable, refused once),
+    /// oldest first.
+    pub fn pending_for(&self, recipient: &str) -> Result<Vec<DeliveryRow>> {
+        let mut st = self.tx.prepare_cached(
+            "SELECT message_id, recipient, record, due_at, updated_at FROM deliveries
+             WHERE class = 'pending' AND recipient = ?1 ORDER BY seq",
+        )?;
+        let rows = st.query_map([recipient], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, Option<i64>>(3)?,
+                r.get::<_, i64>(4)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (message_id, recipient, json, due_at, updated_at) = row?;
+            out.push(decode_delivery(message_id, recipient, &json, due_at, updated_at)?);
+        }
+        Ok(out)
     }
 
     /// Deliveries by state, newest change first.

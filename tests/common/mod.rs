@@ -95,6 +95,12 @@ impl World {
     /// `returned` for a request id it took and 404 for one it never saw.
     pub fn add_http_agent(&self, id: &str) {
         let url = http_recipient(self.log.clone());
+        self.register_http_agent(id, &url);
+    }
+
+    /// Registers (or re-registers) `id` as an HTTP command agent at `url` (from
+    /// [`http_recipient`]), with its status URL beside it; returns what `agent add` printed.
+    pub fn register_http_agent(&self, id: &str, url: &str) -> String {
         self.ok(&[
             "agent",
             "add",
@@ -105,7 +111,7 @@ impl World {
             &format!("url={url}"),
             "--set",
             &format!("status_url={url}status/{{request_id}}"),
-        ]);
+        ])
     }
 
     pub fn add_command_agent(&self, id: &str, script: &Path) {
@@ -284,8 +290,9 @@ pub fn kill9(engine: &mut Engine) {
     let _ = engine.0.wait();
 }
 
-/// Serves POSTs on a loopback port until the test process ends; returns the URL.
-fn http_recipient(log: PathBuf) -> String {
+/// Serves POSTs on a loopback port until the test process ends, logging each to `log`;
+/// returns the URL.
+pub fn http_recipient(log: PathBuf) -> String {
     use std::io::Write as _;
     let log = std::sync::Arc::new(std::sync::Mutex::new(log));
     let seen: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>> =

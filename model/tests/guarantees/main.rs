@@ -135,8 +135,8 @@ fn honest_release(policy: Policy) -> World {
     }
 }
 
-/// One plain handoff under an outage, a pause, a block and a moved endpoint: G1 and G6, and
-/// the holding states.
+/// One plain handoff under an outage, a pause, a block and a recipient re-registered at its
+/// other destination and back: G1 and G6, and the holding states.
 fn holds(policy: Policy) -> World {
     World {
         policy,
@@ -145,7 +145,7 @@ fn holds(policy: Policy) -> World {
             outages: 2,
             pauses: 1,
             blocks: 1,
-            endpoint_changes: 1,
+            endpoint_changes: 2,
             reads: 1,
             time_jumps: 2,
             ..Faults::default()
@@ -277,7 +277,7 @@ fn uncertain_deliveries_are_only_released_honestly() {
 
 #[test]
 fn holds_and_outages_spend_no_attempt() {
-    check_all("holds", holds(Policy::default()), 66_918);
+    check_all("holds", holds(Policy::default()), 124_694);
 }
 
 #[test]
@@ -380,6 +380,16 @@ fn writing_twice_for_one_reservation_is_caught_by_g2() {
         path.contains("Crash"),
         "the double write comes from a resumed reservation"
     );
+}
+
+#[test]
+fn resolving_the_destination_at_write_time_is_caught_by_g1() {
+    let broken = Policy {
+        planted_bug: Some(PlantedBug::ResolveAtWrite),
+        ..Policy::default()
+    };
+    let path = counterexample(holds(broken), p::G1);
+    assert!(path.contains("EndpointChanges"));
 }
 
 #[test]

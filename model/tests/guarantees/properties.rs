@@ -12,8 +12,13 @@ fn spec() -> Policy {
     Policy::default()
 }
 
+/// Every write reached the destination the recipient was registered at when its message was
+/// sent: read from the world (where the write landed, where the agent was), not the record.
 pub fn g1_exact_recipient(_: &World, s: &State) -> bool {
-    !s.ghost.issued_to_moved_agent && s.ghost.writes.iter().all(|w| w.target_is_frozen)
+    s.ghost
+        .writes
+        .iter()
+        .all(|w| s.ghost.queued_for[w.msg as usize] == Some(w.landed_at))
 }
 
 pub fn g2_one_write_per_attempt(_: &World, s: &State) -> bool {
@@ -100,7 +105,7 @@ pub fn g6_outages_hold(_: &World, s: &State) -> bool {
 pub fn g8_durability(_: &World, s: &State) -> bool {
     let nothing_lost = s
         .ghost
-        .frozen
+        .queued_for
         .iter()
         .zip(&s.store)
         .all(|(frozen, stored)| frozen.is_none() || stored.is_some());

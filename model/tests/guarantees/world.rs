@@ -141,7 +141,8 @@ pub struct MsgState {
 pub struct WriteLog {
     pub msg: u8,
     pub request_id: RequestId,
-    pub target_is_frozen: bool,
+    /// The destination the write reached (0 or 1), as the world saw it.
+    pub landed_at: u8,
     pub session_busy: bool,
     pub refused: bool,
     /// The store held SENDING with this request id, write issued, when the write went out.
@@ -187,14 +188,13 @@ pub struct Ghost {
     pub cancels: Vec<CancelLog>,
     /// A crash struck between a reservation and its reply.
     pub crashed_mid_write: Vec<u8>,
-    /// A write was issued although the agent's registration no longer matched its target.
-    pub issued_to_moved_agent: bool,
+
     /// A resend was issued after its work was returned or closed.
     pub issued_resend_of_done_work: bool,
     /// Request ids whose write was lost on the way.
     pub lost_writes: Vec<RequestId>,
-    /// The frozen target of each message, as enrolled.
-    pub frozen: Vec<Option<Target>>,
+    /// The destination the recipient was registered at when each message was sent.
+    pub queued_for: Vec<Option<u8>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -207,7 +207,9 @@ pub struct State {
     pub msgs: Vec<MsgState>,
     pub session: Session,
     pub history: Vec<Landed>,
-    pub endpoint: u8,
+    /// Where the recipient is registered now: one of two destinations (two URLs of one
+    /// agent id), which a person can switch back and forth.
+    pub dest: u8,
     pub agent_down: bool,
     pub outage: bool,
     pub paused: bool,
@@ -244,13 +246,21 @@ pub enum Action {
     Advance(Millis, bool),
 }
 
-fn target(endpoint: u8) -> Target {
+/// The agent as registered at destination `dest`: the same agent id, provider and endpoint,
+/// another URL (the route), as a re-registration with `--set url=…` makes it.
+fn target(dest: u8) -> Target {
     Target {
         agent: model::AgentId::new("rcpt"),
         provider: Provider::Command,
-        endpoint: format!("s{endpoint}"),
+        endpoint: "s".to_owned(),
         cwd: "/w".to_owned(),
+        route: [("url".to_owned(), format!("\"http://d{dest}/\""))].into(),
     }
+}
+
+/// Which destination a target's route addresses: how the engine's adapter resolves it.
+fn dest_of(target: &Target) -> u8 {
+    u8::from(target.route.get("url").is_some_and(|u| u.contains("d1")))
 }
 
 fn request_id(msg: usize, series: usize) -> RequestId {
@@ -398,7 +408,7 @@ impl World {
             read_by_recipient: s.msgs[k].read,
             work_open: self.work_open(s, k),
             permission: Self::permission(s),
-            recipient: Some(target(s.endpoint)),
+            recipient: Some(target(s.dest)),
             one_shot: false,
             outage: s.outage.then(|| "provider outage".to_owned()),
             fresh_request_id: request_id(k, series),
@@ -423,7 +433,7 @@ impl World {
                     if self.policy.planted(PlantedBug::ReserveAfterWrite) {
                         // The bug: the write goes out first, the reservation is committed
                         // later (CommitLate), and a crash in between forgets it.
-                        let outcome = Self::land(s, k, Landing::Lands, false);
+                        let outcome = self.land(s, k, Landing::Lands, false);
                         s.inflight.push(Inflight {
                             msg: k as u8,
                             phase: Phase::Uncommitted(outcome.unwrap_or(WriteOutcome::TimedOut)),
@@ -481,15 +491,12 @@ impl World {
         let k = s.inflight[slot].msg as usize;
         let event = EventKind::SendBoundary {
             permission: Self::permission(s),
-            recipient: Some(target(s.endpoint)),
+            recipient: Some(target(s.dest)),
             activity: Self::activity(s),
             work_open: self.work_open(s, k),
         };
         let effects = self.apply(s, k, event);
         if effects.iter().any(|e| matches!(e, Effect::Write { .. })) {
-            if Some(&target(s.endpoint)) != s.ghost.frozen[k].as_ref() {
-                s.ghost.issued_to_moved_agent = true;
-            }
             let is_resend = s.store[k]
                 .as_ref()
                 .is_some_and(|d| !d.core().earlier_request_ids().is_empty());
@@ -503,15 +510,26 @@ impl World {
     }
 
     /// A write reaches the recipient's app (or is lost on the way); returns the reply.
-    fn land(s: &mut State, k: usize, how: Landing, committed_before: bool) -> Option<WriteOutcome> {
+    fn land(
+        &self,
+        s: &mut State,
+        k: usize,
+        how: Landing,
+        committed_before: bool,
+    ) -> Option<WriteOutcome> {
         let record = s.store[k].as_ref()?;
         let request_id = record.core().request_id().clone();
-        let to = record.core().target().clone();
-        let frozen = s.ghost.frozen[k].clone();
+        // The engine's adapter addresses the target frozen in the record; the planted bug
+        // resolves the registration as it is at the moment of writing.
+        let landed_at = if self.policy.planted(PlantedBug::ResolveAtWrite) {
+            s.dest
+        } else {
+            dest_of(record.core().target())
+        };
         let mut log = WriteLog {
             msg: k as u8,
             request_id: request_id.clone(),
-            target_is_frozen: Some(&to) == frozen.as_ref(),
+            landed_at,
             session_busy: s.session != Session::Idle,
             refused: false,
             committed_before,
@@ -696,7 +714,7 @@ impl Model for World {
             msgs: vec![MsgState::default(); n],
             session: Session::Idle,
             history: Vec::new(),
-            endpoint: 0,
+            dest: 0,
             agent_down: false,
             outage: false,
             paused: false,
@@ -704,7 +722,7 @@ impl Model for World {
             left: self.faults,
             ghost: Ghost {
                 reservations: vec![0; n],
-                frozen: vec![None; n],
+                queued_for: vec![None; n],
                 ..Ghost::default()
             },
         }]
@@ -739,7 +757,7 @@ impl Model for World {
                 let msg = &self.messages[k];
                 let core = Core::enrol(
                     MessageId::new(format!("m{k}")),
-                    target(s.endpoint),
+                    target(s.dest),
                     msg.kind,
                     body_hash(msg, k, false),
                     request_id(k, 0),
@@ -750,7 +768,7 @@ impl Model for World {
                         .as_ref()
                         .is_some_and(|d| !d.is_settled() && d.kind() != StateKind::Failed)
                 });
-                s.ghost.frozen[k] = Some(core.target().clone());
+                s.ghost.queued_for[k] = Some(s.dest);
                 s.store[k] = Some(model::enrol(
                     core,
                     duplicate_of.map(|j| MessageId::new(format!("m{j}"))),
@@ -763,7 +781,7 @@ impl Model for World {
             }
             Action::Land(k, how) => {
                 let slot = s.inflight.iter().position(|f| f.msg == k)?;
-                let reply = Self::land(&mut s, k as usize, how, true);
+                let reply = self.land(&mut s, k as usize, how, true);
                 s.inflight[slot].phase = Phase::Awaiting(reply);
             }
             Action::CommitLate(k) => {
@@ -781,7 +799,7 @@ impl Model for World {
                 );
                 let boundary = EventKind::SendBoundary {
                     permission: Permission::Allowed,
-                    recipient: Some(target(s.endpoint)),
+                    recipient: Some(target(s.dest)),
                     activity: Activity::Idle,
                     work_open: true,
                 };
@@ -870,7 +888,7 @@ impl Model for World {
             }
             Action::EndpointChanges => {
                 s.left.endpoint_changes -= 1;
-                s.endpoint += 1;
+                s.dest ^= 1;
             }
             Action::BodyChanges(k) => {
                 s.left.body_changes -= 1;
