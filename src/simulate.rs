@@ -104,6 +104,54 @@ fn agent_name(i: usize) -> String {
     format!("a{i}")
 }
 
+/// The host that a re-registered agent is moved to (one at a time).
+const SPARE: &str = "spare";
+
+/// The command adapter's settings for an agent served by `host`.
+fn settings_at(host: &str) -> Vec<(String, Value)> {
+    vec![
+        ("url".to_owned(), json!(format!("http://{host}/turn"))),
+        (
+            "status_url".to_owned(),
+            json!(format!("http://{host}/status/{{request_id}}")),
+        ),
+        (
+            "activity_url".to_owned(),
+            json!(format!("http://{host}/activity")),
+        ),
+    ]
+}
+
+/// The host an agent's registration addresses now (its `url`'s host).
+fn registered_host(agent: &crate::store::AgentRow) -> String {
+    agent
+        .settings
+        .get("url")
+        .and_then(Value::as_str)
+        .and_then(|u| u.strip_prefix("http://"))
+        .and_then(|u| u.split('/').next())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// A handoff the driver sent, and the host its recipient was registered at in that instant
+/// (the world's fact for G1, read beside the send with no await between them).
+#[derive(Clone, Debug)]
+struct Sent {
+    id: String,
+    host: String,
+}
+
+/// A person re-registers `agent` at `host`, at virtual time `now`.
+fn register_at(db: &Path, agent: &str, host: &str, now: Duration) -> Result<String, String> {
+    let at = Millis(EPOCH_MS + u64::try_from(now.as_millis()).unwrap_or(u64::MAX));
+    let store = Store::open(db).map_err(|e| e.to_string())?;
+    let mut svc = Service::with_clock(store, Arc::new(move || at));
+    svc.add_agent(agent, Some("command"), None, None, None, &settings_at(host))
+        .map(|a| a.sentence())
+        .map_err(|e| e.to_string())
+}
+
 /// A temporary folder, removed when dropped.
 struct TempDir(PathBuf);
 
@@ -156,19 +204,8 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
     let mut setup = Service::with_clock(store, sim_clock());
     let names: Vec<String> = (0..plan.agents).map(agent_name).collect();
     for name in &names {
-        let settings = [
-            ("url".to_owned(), json!(format!("http://{name}/turn"))),
-            (
-                "status_url".to_owned(),
-                json!(format!("http://{name}/status/{{request_id}}")),
-            ),
-            (
-                "activity_url".to_owned(),
-                json!(format!("http://{name}/activity")),
-            ),
-        ];
         setup
-            .add_agent(name, Some("command"), None, None, None, &settings)
+            .add_agent(name, Some("command"), None, None, None, &settings_at(name))
             .map_err(|e| e.to_string())?;
     }
     setup
@@ -184,14 +221,17 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
         slow: plan.slow_turn_rate,
         person: plan.person_turn_rate,
     };
+    // The agents' hosts, then the spare host (the address a re-registration moves one to).
     let agents: Vec<Agent> = names
         .iter()
+        .map(String::as_str)
+        .chain([SPARE])
         .enumerate()
         .map(|(i, n)| AgentState::new(n, seed.wrapping_mul(31).wrapping_add(i as u64), rates))
         .collect();
     let page: Page = Arc::new(Mutex::new(StatusPage::default()));
     let stop = Arc::new(AtomicBool::new(false));
-    let sent: Arc<Mutex<Vec<String>>> = Arc::default();
+    let sent: Arc<Mutex<Vec<Sent>>> = Arc::default();
 
     let mut sim = sim::turmoil::Builder::new()
         .simulation_duration(FAULT_PHASE + SETTLE_LIMIT + Duration::from_secs(3_600))
@@ -204,9 +244,9 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
         let page = page.clone();
         sim.host("status", move || sim::status::host(page.clone()));
     }
-    for (name, agent) in names.iter().zip(&agents) {
+    for (name, agent) in names.iter().map(String::as_str).chain([SPARE]).zip(&agents) {
         let agent = agent.clone();
-        sim.host(name.as_str(), move || sim::agent::host(agent.clone()));
+        sim.host(name, move || sim::agent::host(agent.clone()));
     }
     {
         let db = db.clone();
@@ -262,10 +302,10 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
         while healed_at.is_none() && next_action < actions.len() && actions[next_action].0 <= now {
             let (_, start, kind) = actions[next_action].clone();
             next_action += 1;
-            apply(&mut sim, &names, &page, &trace, now, start, &kind);
+            apply(&mut sim, &db, &names, &page, &trace, now, start, &kind);
         }
         if healed_at.is_none() && now >= FAULT_PHASE {
-            heal(&mut sim, &names, &agents, &page, &trace, now);
+            heal(&mut sim, &db, &names, &agents, &page, &trace, now);
             healed_at = Some(now);
         }
         if now >= last_check + Duration::from_secs(60) {
@@ -395,8 +435,10 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
 }
 
 /// Starts or ends one fault.
+#[allow(clippy::too_many_arguments)]
 fn apply(
     sim: &mut sim::turmoil::Sim<'_>,
+    db: &Path,
     names: &[String],
     page: &Page,
     trace: &Trace,
@@ -447,6 +489,13 @@ fn apply(
             sim.bounce("engine");
             "the engine restarts".to_owned()
         }
+        (FaultKind::Reregistered(a), on) => {
+            let host = if on { SPARE } else { names[*a].as_str() };
+            match register_at(db, &names[*a], host, now) {
+                Ok(said) => format!("a person re-registers {} at {host}: {said}", names[*a]),
+                Err(e) => format!("re-registering {} at {host} failed: {e}", names[*a]),
+            }
+        }
     };
     trace
         .lock()
@@ -457,17 +506,18 @@ fn apply(
 /// Ends every fault: links repaired and released, hosts up, the page green, agents calm.
 fn heal(
     sim: &mut sim::turmoil::Sim<'_>,
+    db: &Path,
     names: &[String],
     agents: &[Agent],
     page: &Page,
     trace: &Trace,
     now: Duration,
 ) {
-    for (name, agent) in names.iter().zip(agents) {
-        sim.repair_oneway(name.as_str(), "engine");
-        sim.release("engine", name.as_str());
-        if !sim.is_host_running(name.as_str()) {
-            sim.bounce(name.as_str());
+    for (name, agent) in names.iter().map(String::as_str).chain([SPARE]).zip(agents) {
+        sim.repair_oneway(name, "engine");
+        sim.release("engine", name);
+        if !sim.is_host_running(name) {
+            sim.bounce(name);
         }
         agent
             .lock()
@@ -476,6 +526,27 @@ fn heal(
     }
     if !sim.is_host_running("engine") {
         sim.bounce("engine");
+    }
+    // A person puts a re-registered agent back at its own address.
+    let moved: Vec<&String> = Store::open(db)
+        .and_then(|mut store| store.read(|tx| tx.agents()))
+        .map(|agents| {
+            names
+                .iter()
+                .filter(|n| {
+                    agents
+                        .iter()
+                        .any(|a| &a.id == *n && registered_host(a) != n.as_str())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    for name in moved {
+        let said = register_at(db, name, name, now).unwrap_or_else(|e| e);
+        trace
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push((now, "world".to_owned(), format!("a person puts {name} back: {said}")));
     }
     page.lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -494,7 +565,7 @@ async fn driver(
     names: &[String],
     handoffs: usize,
     trace: &Trace,
-    sent: &Mutex<Vec<String>>,
+    sent: &Mutex<Vec<Sent>>,
     stop: &AtomicBool,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let mut svc = Service::with_clock(Store::open(db)?, sim_clock());
@@ -508,6 +579,11 @@ async fn driver(
         let title = work.then(|| format!("task {i}"));
         let due = (work && rng.random_bool(0.3)).then_some(20);
         let body = format!("handoff {i} from {} to {}", names[from], names[to]);
+        let host = svc
+            .store
+            .read(|tx| tx.agent(&names[to]))?
+            .map(|a| registered_host(&a))
+            .unwrap_or_default();
         match svc.send(&names[from], &names[to], &body, title.as_deref(), due, None) {
             Ok(s) => {
                 note(
@@ -525,7 +601,10 @@ async fn driver(
                 );
                 sent.lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .push(s.message.id);
+                    .push(Sent {
+                        id: s.message.id,
+                        host,
+                    });
             }
             Err(e) => note(trace, "driver", format!("send refused: {e}")),
         }
@@ -600,7 +679,7 @@ fn judge(
     c: &rusqlite::Connection,
     agents: &[Agent],
     page: &Page,
-    sent: &[String],
+    sent: &[Sent],
     policy: &Policy,
     settled: bool,
     v: &mut BTreeMap<&'static str, Vec<String>>,
@@ -655,14 +734,6 @@ fn judge(
                 .entry(r.request_id.clone())
                 .or_default()
                 .push((a.id.clone(), r.clone()));
-            if r.addressed_to != a.id {
-                v.entry("G1").or_default().push(format!(
-                    "{} received a write addressed to {} ({})",
-                    a.id,
-                    r.addressed_to,
-                    short(&r.request_id)
-                ));
-            }
             if let Some(since) = r.busy_since
                 && r.at > since + BUSY_RACE
             {
@@ -698,6 +769,10 @@ fn judge(
         }
     }
 
+    let queued_at: BTreeMap<&str, &str> = sent
+        .iter()
+        .map(|s| (s.id.as_str(), s.host.as_str()))
+        .collect();
     let mut known: BTreeSet<String> = BTreeSet::new();
     let max_resends = policy.error_resends_max + policy.interrupt_resends_max;
     for (id, recipient, record) in &deliveries {
@@ -712,10 +787,15 @@ fn judge(
         for rid in &ids {
             known.insert(rid.clone());
             for (host, r) in writes.get(rid).into_iter().flatten() {
-                if host != recipient {
+                // G1, from the world: the host that got the write is the one the recipient
+                // was registered at when the handoff was sent, and the write names it.
+                let queued_for = queued_at.get(id.as_str()).copied();
+                if queued_for.is_some_and(|q| q != host) || &r.addressed_to != recipient {
                     v.entry("G1").or_default().push(format!(
-                        "a write of {} to {recipient} reached {host}",
-                        short(id)
+                        "a write of {} to {recipient}, queued for host {}, reached host {host} addressed to {}",
+                        short(id),
+                        queued_for.unwrap_or("?"),
+                        r.addressed_to
                     ));
                 }
                 received.push(r.clone());
@@ -848,7 +928,7 @@ fn judge(
 
     // G8: every handoff sent has its delivery.
     let enrolled: BTreeSet<&str> = deliveries.iter().map(|d| d.0.as_str()).collect();
-    for id in sent {
+    for Sent { id, .. } in sent {
         if !enrolled.contains(id.as_str()) {
             v.entry("G8")
                 .or_default()

@@ -75,3 +75,11 @@ fn a_sweep_catches_a_reservation_committed_after_the_write() {
     // (G3).
     caught_within("reserve_after_write", &["G2", "G3"], 20);
 }
+
+#[cfg(feature = "planted-bugs")]
+#[test]
+fn a_sweep_catches_a_destination_resolved_at_write_time() {
+    // Only seeds with a re-registration can show it: the agent moves to the spare host and
+    // back while handoffs are queued for one of them.
+    caught_within("resolve_at_write", &["G1"], 20);
+}

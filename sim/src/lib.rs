@@ -42,6 +42,9 @@ pub struct FaultPlan {
     pub held_link_rate: f64,
     /// Engine crashes (SIGKILL-like) during the run.
     pub engine_crashes: u32,
+    /// Times a person re-registers an agent at another address (the spare host) for a
+    /// while, then back (G1: nothing queued follows the agent to its new address).
+    pub reregistrations: u32,
     /// Agents, and handoffs the driver sends.
     pub agents: usize,
     pub handoffs: usize,
@@ -67,6 +70,8 @@ pub enum FaultKind {
     ProviderOutage,
     /// The engine crashes and restarts after `for_`.
     EngineCrash,
+    /// The agent is re-registered at the spare host's address, and back after `for_`.
+    Reregistered(usize),
 }
 
 impl FaultPlan {
@@ -93,6 +98,12 @@ impl FaultPlan {
         let engine_crashes = rng.random_range(0..=4);
         let agents = rng.random_range(2..=4);
         let handoffs = rng.random_range(10..=40);
+        // Drawn last, so the plans of earlier commits keep their other numbers.
+        let reregistrations = if rng.random_bool(0.5) {
+            0
+        } else {
+            rng.random_range(1..=2)
+        };
         FaultPlan {
             seed,
             lost_reply_rate,
@@ -105,6 +116,7 @@ impl FaultPlan {
             person_turn_rate,
             held_link_rate,
             engine_crashes,
+            reregistrations,
             agents,
             handoffs,
         }
@@ -179,6 +191,19 @@ impl FaultPlan {
                 kind: FaultKind::EngineCrash,
             });
         }
+        // Re-registrations one after another (one spare address), each in its own slice of
+        // the phase.
+        let slices = u64::from(self.reregistrations.max(1));
+        let slice_ms = u64::try_from(phase.as_millis()).unwrap_or(u64::MAX) / slices;
+        for k in 0..u64::from(self.reregistrations) {
+            let begin = k * slice_ms + rng.random_range(0..slice_ms / 2);
+            let for_ = rng.random_range(60_000..(slice_ms / 2).max(60_001));
+            out.push(Fault {
+                at: Duration::from_millis(begin),
+                for_: Duration::from_millis(for_),
+                kind: FaultKind::Reregistered(rng.random_range(0..self.agents)),
+            });
+        }
         out.sort_by_key(|f| f.at);
         out
     }
@@ -186,6 +211,7 @@ impl FaultPlan {
     /// Whether this plan injects no fault at all.
     pub fn is_calm(&self) -> bool {
         self.engine_crashes == 0
+            && self.reregistrations == 0
             && [
                 self.lost_reply_rate,
                 self.refusal_rate,
@@ -208,7 +234,7 @@ impl fmt::Display for FaultPlan {
             f,
             "seed {}: {} agents, {} handoffs; lost replies {:.3}, refusals {:.3}, errored turns {:.3}, \
              interrupted turns {:.3}, slow turns {:.3}, person turns {:.3}/min, held links {:.3}/min, \
-             agent outages {:.3}/min, provider outages {:.3}/min, engine crashes {}",
+             agent outages {:.3}/min, provider outages {:.3}/min, engine crashes {}, re-registrations {}",
             self.seed,
             self.agents,
             self.handoffs,
@@ -221,7 +247,8 @@ impl fmt::Display for FaultPlan {
             self.held_link_rate,
             self.agent_outage_rate,
             self.provider_outage_rate,
-            self.engine_crashes
+            self.engine_crashes,
+            self.reregistrations
         )
     }
 }
@@ -247,6 +274,7 @@ mod tests {
         assert!(plans.iter().any(|p| p.lost_reply_rate > 0.1));
         assert!(plans.iter().any(|p| p.engine_crashes == 0));
         assert!(plans.iter().any(|p| p.engine_crashes >= 3));
+        assert!(plans.iter().any(|p| p.reregistrations == 2));
         assert!(plans.iter().filter(|p| p.is_calm()).count() < 20);
     }
 }
