@@ -147,8 +147,10 @@ fn main() {
 
     // 2. Sends through the library.
     let (_, mut s) = fresh(d, "lib");
-    s.add_agent("a", Some("demo"), None, None, None, &[]).unwrap();
-    s.add_agent("b", Some("demo"), None, None, None, &[]).unwrap();
+    s.add_agent("a", Some("demo"), None, None, None, &[])
+        .unwrap();
+    s.add_agent("b", Some("demo"), None, None, None, &[])
+        .unwrap();
     let n = 5_000;
     let t = Instant::now();
     for i in 0..n {
@@ -195,7 +197,8 @@ fn main() {
     // 4. Deliveries end to end, argv mode with /bin/true.
     for recipients in [1usize, 8] {
         let (db, mut s) = fresh(d, &format!("argv{recipients}"));
-        s.add_agent("lead", Some("demo"), None, None, None, &[]).unwrap();
+        s.add_agent("lead", Some("demo"), None, None, None, &[])
+            .unwrap();
         for r in 0..recipients {
             s.add_agent(
                 &format!("r{r}"),
@@ -235,7 +238,8 @@ fn main() {
     let (url, seen) = noop_server();
     for recipients in [1usize, 8] {
         let (db, mut s) = fresh(d, &format!("http{recipients}"));
-        s.add_agent("lead", Some("demo"), None, None, None, &[]).unwrap();
+        s.add_agent("lead", Some("demo"), None, None, None, &[])
+            .unwrap();
         for r in 0..recipients {
             s.add_agent(
                 &format!("r{r}"),
@@ -273,7 +277,8 @@ fn main() {
 
     // 6. Latency from send to the adapter's write, idle engine.
     let (db, mut s) = fresh(d, "latency");
-    s.add_agent("lead", Some("demo"), None, None, None, &[]).unwrap();
+    s.add_agent("lead", Some("demo"), None, None, None, &[])
+        .unwrap();
     s.add_agent(
         "r",
         Some("command"),
@@ -316,8 +321,10 @@ fn main() {
 
     // 7. Engine RSS with 10,000 open deliveries (paused, so every one stays open).
     let (db, mut s) = fresh(d, "rss");
-    s.add_agent("lead", Some("demo"), None, None, None, &[]).unwrap();
-    s.add_agent("r", Some("demo"), None, None, None, &[]).unwrap();
+    s.add_agent("lead", Some("demo"), None, None, None, &[])
+        .unwrap();
+    s.add_agent("r", Some("demo"), None, None, None, &[])
+        .unwrap();
     s.config_set("enabled", "false").unwrap();
     for i in 0..10_000 {
         s.send("lead", "r", &format!("open {i}"), None, None, None)

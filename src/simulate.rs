@@ -529,7 +529,7 @@ fn heal(
     }
     // A person puts a re-registered agent back at its own address.
     let moved: Vec<&String> = Store::open(db)
-        .and_then(|mut store| store.read(|tx| tx.agents()))
+        .and_then(|mut store| store.read(|tx: &crate::store::Tx<'_>| tx.agents()))
         .map(|agents| {
             names
                 .iter()
@@ -546,7 +546,11 @@ fn heal(
         trace
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push((now, "world".to_owned(), format!("a person puts {name} back: {said}")));
+            .push((
+                now,
+                "world".to_owned(),
+                format!("a person puts {name} back: {said}"),
+            ));
     }
     page.lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -530,3 +530,66 @@ fn the_task_ledger_on_the_command_line() {
         assert_eq!(mode & 0o077, 0, "{mode:o}");
     }
 }
+
+#[test]
+fn handoffs_policy_may_shorten_timings_but_never_raise_limits_and_status_says_so() {
+    let w = two_agents();
+    for (policy, needle) in [
+        (
+            r#"{"error_resends_max": 5}"#,
+            "error_resends_max may not be raised above SPEC's 2",
+        ),
+        (
+            r#"{"refusal_retries_max": 3}"#,
+            "refusal_retries_max may not be raised",
+        ),
+        (
+            r#"{"history_scans_min": 1}"#,
+            "history_scans_min may not be lowered",
+        ),
+        (
+            r#"{"sending_timeout_ms": 600000}"#,
+            "sending_timeout_ms may only be shortened",
+        ),
+        (r#"{"planted_bug": "write_twice"}"#, "HANDOFFS_POLICY"),
+        ("not json", "HANDOFFS_POLICY is not a valid policy"),
+    ] {
+        let out = w
+            .cmd()
+            .env("HANDOFFS_POLICY", policy)
+            .arg("tick")
+            .output()
+            .unwrap();
+        let err = stderr_line(&out);
+        assert_eq!(out.status.code(), Some(2), "{policy}: {err}");
+        assert!(
+            err.contains(needle),
+            "{policy}: expected {needle:?} in {err:?}"
+        );
+    }
+    // World::cmd shortens the timings (FAST_POLICY): status names each difference.
+    w.ok(&["tick"]);
+    let text = w.ok(&["status"]);
+    assert!(
+        text.contains("timings differ from SPEC")
+            && text.contains("sending_timeout_ms 1500 (SPEC 60000)"),
+        "{text}"
+    );
+    let json = w.json(&["status"]);
+    assert!(
+        json["engine_policy_differs"]
+            .as_array()
+            .is_some_and(|a| !a.is_empty()),
+        "{json}"
+    );
+    let out = w
+        .cmd()
+        .env_remove("HANDOFFS_POLICY")
+        .arg("tick")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text =
+        String::from_utf8_lossy(&w.cmd().arg("status").output().unwrap().stdout).into_owned();
+    assert!(!text.contains("timings differ"), "SPEC's timings: {text}");
+}

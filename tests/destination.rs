@@ -24,7 +24,10 @@ fn a_queued_handoff_is_never_redirected_to_a_new_url() {
     let url_b = http_recipient(log_b.clone());
     w.register_http_agent("bob", &url_a);
     let sent = w.json(&["send", "alice", "bob", "for the session at A"]);
-    let id = sent["message"]["id"].as_str().expect("message id").to_owned();
+    let id = sent["message"]["id"]
+        .as_str()
+        .expect("message id")
+        .to_owned();
 
     // The same agent id, now addressed at B: the handoff queued for A must not go to B.
     let said = w.register_http_agent("bob", &url_b);
@@ -33,8 +36,16 @@ fn a_queued_handoff_is_never_redirected_to_a_new_url() {
         "agent add says that an open delivery will not follow the new destination: {said:?}"
     );
     w.ok(&["tick"]);
-    assert_eq!(runs_in(&log_b), 0, "G1: the handoff queued for A was written to B");
-    assert_eq!(runs_in(&log_a), 0, "nothing is written while the destination differs");
+    assert_eq!(
+        runs_in(&log_b),
+        0,
+        "G1: the handoff queued for A was written to B"
+    );
+    assert_eq!(
+        runs_in(&log_a),
+        0,
+        "nothing is written while the destination differs"
+    );
     let status = w.json(&["status", &id]);
     assert_eq!(status["state"], "UNAVAILABLE", "{status}");
     let detail = status["detail"].as_str().unwrap_or_default();
@@ -65,8 +76,14 @@ fn a_new_command_is_a_new_destination() {
     w.add_command_agent("bob", &second);
     w.ok(&["tick"]);
     let state = w.json(&["status", &id])["state"].clone();
-    assert_eq!(state, "UNAVAILABLE", "G1: the queued handoff went to the new command");
-    assert!(w.runs().is_empty(), "G1: the queued handoff ran the new command");
+    assert_eq!(
+        state, "UNAVAILABLE",
+        "G1: the queued handoff went to the new command"
+    );
+    assert!(
+        w.runs().is_empty(),
+        "G1: the queued handoff ran the new command"
+    );
 }
 
 #[test]
@@ -91,7 +108,7 @@ fn an_upgraded_database_freezes_the_route_its_queued_deliveries_were_sent_for() 
     let route = &status["record"]["core"]["target"]["route"];
     assert_eq!(
         route["url"].as_str(),
-        Some(format!("{:?}", url_a).as_str()),
+        Some(format!("{url_a:?}").as_str()),
         "the migration froze the route the agent had: {status}"
     );
     w.ok(&["tick"]);

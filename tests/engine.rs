@@ -21,7 +21,8 @@ async fn overdue_work_reminds_its_sender_exactly_once_without_waking_anyone() {
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(AtomicU64::new(1_800_000_000_000));
     let mut s = service_at(&dir, clock.clone());
-    s.add_agent("lead", Some("demo"), None, None, None, &[]).unwrap();
+    s.add_agent("lead", Some("demo"), None, None, None, &[])
+        .unwrap();
     s.add_agent(
         "dev",
         Some("demo"),
@@ -65,7 +66,8 @@ async fn a_recipient_with_a_long_queue_drains_at_the_pace_of_its_turns() {
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(AtomicU64::new(1_800_000_000_000));
     let mut s = service_at(&dir, clock.clone());
-    s.add_agent("lead", Some("demo"), None, None, None, &[]).unwrap();
+    s.add_agent("lead", Some("demo"), None, None, None, &[])
+        .unwrap();
     s.add_agent(
         "dev",
         Some("demo"),

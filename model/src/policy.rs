@@ -57,6 +57,101 @@ impl Default for Policy {
 }
 
 impl Policy {
+    /// Checks a policy given from outside (`HANDOFFS_POLICY`) against SPEC §2: timings may be
+    /// shortened (for drills and tests), never lengthened; the resend and refusal limits may
+    /// never rise above SPEC's, nor may fewer history scans cancel a delivery. Returns what
+    /// differs from SPEC, one `name value (SPEC value)` each, for `status` to show.
+    pub fn check_against_spec(&self) -> Result<Vec<String>, String> {
+        let spec = Policy::default();
+        let limits = [
+            (
+                "error_resends_max",
+                self.error_resends_max,
+                spec.error_resends_max,
+            ),
+            (
+                "interrupt_resends_max",
+                self.interrupt_resends_max,
+                spec.interrupt_resends_max,
+            ),
+            (
+                "refusal_retries_max",
+                self.refusal_retries_max,
+                spec.refusal_retries_max,
+            ),
+        ];
+        let mut differs = Vec::new();
+        for (name, value, max) in limits {
+            if value > max {
+                return Err(format!(
+                    "{name} may not be raised above SPEC's {max} (given {value})"
+                ));
+            }
+            if value != max {
+                differs.push(format!("{name} {value} (SPEC {max})"));
+            }
+        }
+        if self.history_scans_min < spec.history_scans_min {
+            return Err(format!(
+                "history_scans_min may not be lowered below SPEC's {} (given {})",
+                spec.history_scans_min, self.history_scans_min
+            ));
+        }
+        if self.history_scans_min != spec.history_scans_min {
+            differs.push(format!(
+                "history_scans_min {} (SPEC {})",
+                self.history_scans_min, spec.history_scans_min
+            ));
+        }
+        let timings = [
+            (
+                "interrupt_resend_wait_ms",
+                self.interrupt_resend_wait_ms,
+                spec.interrupt_resend_wait_ms,
+            ),
+            (
+                "resend_window_ms",
+                self.resend_window_ms,
+                spec.resend_window_ms,
+            ),
+            (
+                "sending_timeout_ms",
+                self.sending_timeout_ms,
+                spec.sending_timeout_ms,
+            ),
+            (
+                "unobserved_limit_ms",
+                self.unobserved_limit_ms,
+                spec.unobserved_limit_ms,
+            ),
+            (
+                "history_scan_span_ms",
+                self.history_scan_span_ms,
+                spec.history_scan_span_ms,
+            ),
+            (
+                "history_scan_interval_ms",
+                self.history_scan_interval_ms,
+                spec.history_scan_interval_ms,
+            ),
+        ];
+        for (name, value, max) in timings {
+            if value > max {
+                return Err(format!(
+                    "{name} may only be shortened: SPEC's is {max}, given {value}"
+                ));
+            }
+            if value != max {
+                differs.push(format!("{name} {value} (SPEC {max})"));
+            }
+        }
+        #[cfg(feature = "planted-bugs")]
+        if let Some(bug) = self.planted_bug {
+            differs.push(format!("planted bug {bug:?}"));
+        }
+        Ok(differs)
+    }
+
     /// Whether `bug` is planted in this policy (always false without the test feature).
     #[allow(unused_variables)]
     pub fn planted(&self, bug: PlantedBug) -> bool {
@@ -86,4 +181,47 @@ pub enum PlantedBug {
     /// The destination is resolved when writing, from the registration as it is then, and a
     /// changed route is not seen as a new destination (breaks G1).
     ResolveAtWrite,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Policy;
+
+    #[test]
+    fn timings_may_be_shortened_but_limits_never_raised() {
+        let spec = Policy::default();
+        assert_eq!(spec.check_against_spec(), Ok(Vec::new()));
+        let fast = Policy {
+            sending_timeout_ms: 1_500,
+            ..Policy::default()
+        };
+        assert_eq!(
+            fast.check_against_spec(),
+            Ok(vec!["sending_timeout_ms 1500 (SPEC 60000)".to_owned()])
+        );
+        for broken in [
+            Policy {
+                error_resends_max: 3,
+                ..Policy::default()
+            },
+            Policy {
+                interrupt_resends_max: 2,
+                ..Policy::default()
+            },
+            Policy {
+                refusal_retries_max: 2,
+                ..Policy::default()
+            },
+            Policy {
+                history_scans_min: 1,
+                ..Policy::default()
+            },
+            Policy {
+                sending_timeout_ms: 120_000,
+                ..Policy::default()
+            },
+        ] {
+            assert!(broken.check_against_spec().is_err(), "{broken:?}");
+        }
+    }
 }

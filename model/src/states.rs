@@ -252,7 +252,9 @@ pub enum UnavailableReason {
         #[serde(default)]
         changed: Vec<String>,
     },
-    ActivityUnknown { detail: String },
+    ActivityUnknown {
+        detail: String,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -68,6 +68,9 @@ pub struct PassReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub skipped: Option<String>,
     pub pid: u32,
+    /// How this engine's policy differs from SPEC §2 (`HANDOFFS_POLICY`), if it does.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub policy_differs: Vec<String>,
 }
 
 impl PassReport {
@@ -234,6 +237,11 @@ impl Engine {
         PassReport {
             at: millis(self.now()),
             pid: std::process::id(),
+            policy_differs: self
+                .ctx
+                .policy
+                .check_against_spec()
+                .unwrap_or_else(|e| vec![e]),
             ..PassReport::default()
         }
     }

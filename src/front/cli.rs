@@ -425,12 +425,19 @@ fn one_line(s: &str, chars: usize) -> String {
     }
 }
 
-/// The engine's policy: the default, or `HANDOFFS_POLICY` (JSON, any subset of the bounds).
+/// The engine's policy: the default, or `HANDOFFS_POLICY` (JSON, any subset of the bounds),
+/// which may shorten SPEC §2's timings but never raise its limits (`check_against_spec`).
 fn policy_from_env() -> Result<model::Policy, Failure> {
     match std::env::var_os("HANDOFFS_POLICY") {
         None => Ok(model::Policy::default()),
-        Some(raw) => serde_json::from_str(&raw.to_string_lossy())
-            .map_err(|e| usage(format!("HANDOFFS_POLICY is not a valid policy: {e}"))),
+        Some(raw) => {
+            let policy: model::Policy = serde_json::from_str(&raw.to_string_lossy())
+                .map_err(|e| usage(format!("HANDOFFS_POLICY is not a valid policy: {e}")))?;
+            policy
+                .check_against_spec()
+                .map_err(|e| usage(format!("HANDOFFS_POLICY: {e}")))?;
+            Ok(policy)
+        }
     }
 }
 
@@ -1095,6 +1102,12 @@ fn status(cli: &Cli, id: Option<&str>) -> Result<(), Failure> {
             None => out.push_str(
                 "engine: no pass yet; start one with `handoffs run` or `handoffs tick`\n",
             ),
+        }
+        if !o.engine_policy_differs.is_empty() {
+            out.push_str(&format!(
+                "engine: timings differ from SPEC (HANDOFFS_POLICY): {}\n",
+                o.engine_policy_differs.join(", ")
+            ));
         }
         out
     });

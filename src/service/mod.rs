@@ -110,6 +110,8 @@ pub struct Overview {
     pub counts: Vec<(String, i64)>,
     pub engine: Option<Value>,
     pub engine_reported_at: Option<i64>,
+    /// How the reporting engine's timings differ from SPEC §2 (empty: they do not).
+    pub engine_policy_differs: Vec<String>,
 }
 
 /// A work contract's outcome when its sender closes it.
@@ -232,7 +234,11 @@ impl AgentAdded {
     /// One line for a person.
     pub fn sentence(&self) -> String {
         let a = &self.agent;
-        let verb = if self.updated { "updated" } else { "registered" };
+        let verb = if self.updated {
+            "updated"
+        } else {
+            "registered"
+        };
         let mut line = format!("{} ({}) {verb}", a.id, a.provider);
         if self.stranded_deliveries > 0 {
             let n = self.stranded_deliveries;
@@ -920,6 +926,17 @@ impl Service {
                 recent: views(&[Returned, Failed, Acknowledged, Cancelled, Duplicate])?,
                 counts: tx.count_by_state()?,
                 engine_reported_at: report.as_ref().map(|r| r.0),
+                engine_policy_differs: report
+                    .as_ref()
+                    .and_then(|r| r.1.get("policy_differs"))
+                    .and_then(Value::as_array)
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(Value::as_str)
+                            .map(str::to_owned)
+                            .collect()
+                    })
+                    .unwrap_or_default(),
                 engine: report.map(|r| r.1),
             })
         })

@@ -322,7 +322,11 @@ fn fill_routes(tx: &rusqlite::Transaction<'_>) -> Result<()> {
             let id: String = r.get(0)?;
             let record: String = r.get(1)?;
             let settings: String = r.get(2)?;
-            rows.push((id, record, serde_json::from_str(&settings).unwrap_or(Value::Null)));
+            rows.push((
+                id,
+                record,
+                serde_json::from_str(&settings).unwrap_or(Value::Null),
+            ));
         }
     }
     for (id, record, settings) in rows {
@@ -367,9 +371,10 @@ impl AgentRow {
     /// rest (folder, timeouts) as registered now. While the destination is unchanged this is
     /// the row itself; after a change, observation and history scans still go where the write
     /// went, and a write can only go there (G1).
+    #[must_use]
     pub fn at_target(&self, target: &model::Target) -> AgentRow {
         let mut row = self.clone();
-        row.provider = target.provider.as_str().to_owned();
+        target.provider.as_str().clone_into(&mut row.provider);
         row.endpoint.clone_from(&target.endpoint);
         if let Some(obj) = row.settings.as_object_mut() {
             for key in model::ROUTE_SETTINGS {
@@ -1013,7 +1018,9 @@ impl Tx<'_> {
         let mut out = Vec::new();
         for row in rows {
             let (message_id, recipient, json, due_at, updated_at) = row?;
-            out.push(decode_delivery(message_id, recipient, &json, due_at, updated_at)?);
+            out.push(decode_delivery(
+                message_id, recipient, &json, due_at, updated_at,
+            )?);
         }
         Ok(out)
     }
