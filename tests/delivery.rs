@@ -90,21 +90,15 @@ fn sigkill_at_many_moments_loses_nothing_and_doubles_nothing() {
     }
     let mut engine = w.spawn_engine();
     // Settled: delivered, or (a write issued but killed before it went out) proven never
-    // delivered by history scans. Nothing pending or in flight remains.
-    //
-    // Known open issue (see the issue note): about one run in ten, one UNCERTAIN delivery
-    // stops being scanned by a long-running engine and holds its recipient; a fresh engine
-    // scans it at once. Until that is found, the engine is restarted once after 45 s, and
-    // the test says so on stderr, so the outcome checks below stay strict.
-    let deadline = std::time::Instant::now() + Duration::from_secs(45);
-    let mut restarted = false;
-    w.wait_for(Duration::from_secs(120), |c| {
-        if !restarted && std::time::Instant::now() > deadline {
-            eprintln!("engine restarted after 45 s unsettled: {c:?}");
-            restarted = true;
-            kill9(&mut engine);
-            engine = w.spawn_engine();
-        }
+    // delivered by history scans. Nothing pending or in flight remains, with this one engine:
+    // no restart, no retry. It takes about 4 s; 20 s is well below the engine's 30 s
+    // fallbacks, so a delivery left waiting on one (as an UNCERTAIN delivery never scanned
+    // once was) fails the test.
+    let limit = std::env::var("HANDOFFS_SETTLE_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    w.wait_for(Duration::from_secs(limit), |c| {
         settled(c, sent, &["RETURNED", "CANCELLED"])
     });
     kill9(&mut engine);

@@ -250,10 +250,11 @@ impl Delivery {
             | Delivery::Running(Running { observed_at, .. }) => {
                 Some(observed_at.plus_ms(policy.unobserved_limit_ms))
             }
-            Delivery::Uncertain(u) => u
-                .scans
-                .last_at
-                .map(|at| at.plus_ms(policy.history_scan_interval_ms)),
+            // Never scanned yet: the first scan is due the moment it became UNCERTAIN (an
+            // engine that stopped right after committing UNCERTAIN left it unscanned).
+            Delivery::Uncertain(u) => Some(u.scans.last_at.map_or(u.core.since, |at| {
+                at.plus_ms(policy.history_scan_interval_ms)
+            })),
             Delivery::Failed(Failed {
                 resend: ResendPlan::NotBefore { at },
                 ..

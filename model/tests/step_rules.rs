@@ -255,6 +255,24 @@ fn a_write_with_no_reply_in_sixty_seconds_becomes_uncertain_and_is_never_resent(
 }
 
 #[test]
+fn a_delivery_that_just_became_uncertain_is_due_for_its_first_scan_at_once() {
+    // An engine that stops right after committing UNCERTAIN must leave it due at once, or
+    // the next engine waits for its fallback before the first scan (the kill test's stall).
+    let mut d = Drive::new(work());
+    d.up_to_write();
+    d.at(60_000).on(EventKind::TimePassed);
+    assert_eq!(d.kind(), StateKind::Uncertain);
+    assert_eq!(d.record.next_deadline(&d.policy), Some(Millis(60_000)));
+    d.at(60_001).on(EventKind::HistoryScan {
+        scan: ScanResult::NothingFound { complete: false },
+    });
+    assert_eq!(
+        d.record.next_deadline(&d.policy),
+        Some(Millis(60_001 + d.policy.history_scan_interval_ms))
+    );
+}
+
+#[test]
 fn three_empty_complete_scans_over_an_hour_cancel_an_uncertain_delivery() {
     let mut d = Drive::new(work());
     d.up_to_write().write(WriteOutcome::TimedOut);
