@@ -134,6 +134,30 @@ fn registered_host(agent: &crate::store::AgentRow) -> String {
         .to_owned()
 }
 
+/// What a recipient does as a write arrives (G8): reads the database file, over its own
+/// connection, for a committed reservation of that request id with its write issued.
+fn reservation_check(db: &Path) -> Result<sim::agent::ReservationCheck, String> {
+    let conn =
+        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .map_err(|e| e.to_string())?;
+    let conn = Mutex::new(conn);
+    Ok(sim::agent::ReservationCheck(Arc::new(
+        move |request_id: &str| {
+            let conn = conn
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            conn.query_row(
+                "SELECT count(*) FROM deliveries WHERE state = 'SENDING'
+               AND json_extract(record, '$.core.request_id') = ?1
+               AND json_extract(record, '$.issued_at') IS NOT NULL",
+                [request_id],
+                |r| r.get::<_, i64>(0),
+            )
+            .is_ok_and(|n| n > 0)
+        },
+    )))
+}
+
 /// A handoff the driver sent, and the host its recipient was registered at in that instant
 /// (the world's fact for G1, read beside the send with no await between them).
 #[derive(Clone, Debug)]
@@ -229,6 +253,11 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
         .enumerate()
         .map(|(i, n)| AgentState::new(n, seed.wrapping_mul(31).wrapping_add(i as u64), rates))
         .collect();
+    for a in &agents {
+        a.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .reservations = Some(reservation_check(&db)?);
+    }
     let page: Page = Arc::new(Mutex::new(StatusPage::default()));
     let stop = Arc::new(AtomicBool::new(false));
     let sent: Arc<Mutex<Vec<Sent>>> = Arc::default();
@@ -399,7 +428,10 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
         ("G5", "honest release"),
         ("G6", "outages hold"),
         ("G7", "deadlines"),
-        ("G8", "durability (nothing lost)"),
+        (
+            "G8",
+            "durability (nothing lost, every write reserved first)",
+        ),
         ("liveness", "every delivery settles after healing"),
         ("sim", "the simulation ran to its end"),
     ];
@@ -738,6 +770,14 @@ fn judge(
                 .entry(r.request_id.clone())
                 .or_default()
                 .push((a.id.clone(), r.clone()));
+            if !r.reserved {
+                v.entry("G8").or_default().push(format!(
+                    "{} received {} at {} before its reservation was committed",
+                    a.id,
+                    short(&r.request_id),
+                    hms(r.at)
+                ));
+            }
             if let Some(since) = r.busy_since
                 && r.at > since + BUSY_RACE
             {

@@ -7,11 +7,11 @@ mod common;
 use common::{World, http_recipient};
 
 fn runs_in(log: &std::path::Path) -> usize {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.starts_with("start "))
-        .count()
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    if let Some(l) = text.lines().find(|l| l.starts_with("unreserved ")) {
+        panic!("G8: a write reached the recipient before its reservation was committed: {l}");
+    }
+    text.lines().filter(|l| l.starts_with("start ")).count()
 }
 
 #[test]
@@ -20,8 +20,8 @@ fn a_queued_handoff_is_never_redirected_to_a_new_url() {
     w.ok(&["agent", "add", "alice", "--provider", "demo"]);
     let log_a = w.dir.path().join("a.log");
     let log_b = w.dir.path().join("b.log");
-    let url_a = http_recipient(log_a.clone());
-    let url_b = http_recipient(log_b.clone());
+    let url_a = http_recipient(log_a.clone(), Some(w.db.clone()));
+    let url_b = http_recipient(log_b.clone(), Some(w.db.clone()));
     w.register_http_agent("bob", &url_a);
     let sent = w.json(&["send", "alice", "bob", "for the session at A"]);
     let id = sent["message"]["id"]
@@ -91,7 +91,7 @@ fn an_upgraded_database_freezes_the_route_its_queued_deliveries_were_sent_for() 
     let w = World::new();
     w.ok(&["agent", "add", "alice", "--provider", "demo"]);
     let log_a = w.dir.path().join("a.log");
-    let url_a = http_recipient(log_a.clone());
+    let url_a = http_recipient(log_a.clone(), Some(w.db.clone()));
     w.register_http_agent("bob", &url_a);
     let sent = w.json(&["send", "alice", "bob", "queued before the upgrade"]);
     let id = sent["message"]["id"].as_str().unwrap().to_owned();

@@ -44,6 +44,20 @@ pub struct Received {
     pub busy_since: Option<Duration>,
     /// Whether the agent took it (false: refused).
     pub taken: bool,
+    /// Whether, at the moment it arrived, the store held a committed reservation for its
+    /// request id with the write issued (G8, read from the database file by the recipient).
+    pub reserved: bool,
+}
+
+/// How a simulated recipient looks up, as a write arrives, whether the engine's store holds a
+/// committed reservation for that request id (the world gives it one over the database file).
+#[derive(Clone)]
+pub struct ReservationCheck(pub Arc<dyn Fn(&str) -> bool + Send + Sync>);
+
+impl std::fmt::Debug for ReservationCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReservationCheck")
+    }
 }
 
 /// The per-turn fault rates an agent draws from.
@@ -77,6 +91,8 @@ pub struct AgentState {
     turn: Option<Turn>,
     statuses: BTreeMap<String, Ending>,
     pub received: Vec<Received>,
+    /// Looks up each arriving write's reservation (none: every write counts as reserved).
+    pub reservations: Option<ReservationCheck>,
     /// Trace lines: (virtual time, text).
     pub trace: Vec<(Duration, String)>,
 }
@@ -94,6 +110,7 @@ impl AgentState {
             turn: None,
             statuses: BTreeMap::new(),
             received: Vec::new(),
+            reservations: None,
             trace: Vec::new(),
         }))
     }
@@ -170,6 +187,10 @@ impl AgentState {
         let addressed_to = body["agent"].as_str().unwrap_or_default().to_owned();
         let busy_since = self.turn.as_ref().map(|t| t.began_at);
         let while_busy = busy_since.is_some();
+        let reserved = self
+            .reservations
+            .as_ref()
+            .is_none_or(|check| (check.0)(&request_id));
         let refused = while_busy || self.chance(self.rates.refusal);
         self.received.push(Received {
             request_id: request_id.clone(),
@@ -177,6 +198,7 @@ impl AgentState {
             at: now,
             busy_since,
             taken: !refused,
+            reserved,
         });
         if refused {
             let why = if while_busy { "busy" } else { "refused" };

@@ -556,6 +556,8 @@ async fn deliver(
     })?;
     queue.extend(started.effects);
     let record = started.record;
+    // The record as last committed, for the planted reordering below.
+    let mut current = record.clone();
     let recipient = record.core().target().agent.as_str().to_owned();
     let adapters = &ctx.adapters;
     // The recipient as registered when the last step was committed.
@@ -581,27 +583,7 @@ async fn deliver(
                 })?
             }
             Effect::Reserve if ctx.policy.planted(model::PlantedBug::ReserveAfterWrite) => {
-                // The planted bug: write first, commit the reservation afterwards. A kill
-                // in between forgets the write, and the next engine writes again.
-                let request_id = record.core().request_id().to_string();
-                let outcome = write_now(ctx, svc, id, &agent, &request_id, report).await?;
-                apply(ctx, svc, id, report, |_| {
-                    Ok(EventKind::Reservation {
-                        earlier_active: None,
-                    })
-                })?;
-                apply(ctx, svc, id, report, |tx| {
-                    let facts = facts(tx, id, one_shot)?;
-                    Ok(EventKind::SendBoundary {
-                        permission: facts.permission,
-                        recipient: facts.recipient,
-                        activity: model::Activity::Idle,
-                        work_open: facts.work_open,
-                    })
-                })?;
-                apply(ctx, svc, id, report, |_| {
-                    Ok(EventKind::WriteResult { outcome })
-                })?
+                planted_reserve_after_write(ctx, svc, id, &current, &agent, report).await?
             }
             Effect::Reserve => {
                 let rcpt = recipient.clone();
@@ -646,9 +628,75 @@ async fn deliver(
             }
         };
         queue.extend(next.effects);
+        current = next.record;
         registered = next.agent;
     }
     Ok(())
+}
+
+/// The planted bug `reserve_after_write`, a pure reordering: the reservation and the send
+/// boundary are decided exactly as the correct engine decides them (same facts, same
+/// `step`), but committed only after the write. The recipient sees a write its store does
+/// not know of yet (G8), and a kill in between forgets it.
+async fn planted_reserve_after_write(
+    ctx: &Ctx,
+    svc: &RefCell<Service>,
+    id: &str,
+    current: &Delivery,
+    agent: &AgentRow,
+    report: &mut PassReport,
+) -> Result<Applied, ServiceError> {
+    let recipient = current.core().target().agent.as_str().to_owned();
+    let earlier_active = svc
+        .borrow_mut()
+        .store
+        .read(|tx| tx.active_for(&recipient, id))?
+        .map(model::MessageId::new);
+    let reservation = EventKind::Reservation {
+        earlier_active: earlier_active.clone(),
+    };
+    let now = svc.borrow().now();
+    let reserved = model::step(current.clone(), Event::new(now, reservation), &ctx.policy);
+    if !reserved.effects.contains(&Effect::Prepare) {
+        // The reservation is refused (an earlier delivery is active): as usual.
+        return apply(ctx, svc, id, report, |_| {
+            Ok(EventKind::Reservation { earlier_active })
+        });
+    }
+    let activity = ctx.adapters.activity(svc, agent).await;
+    let facts = svc
+        .borrow_mut()
+        .store
+        .read(|tx| facts(tx, id, ctx.one_shot))?;
+    let boundary = EventKind::SendBoundary {
+        permission: facts.permission,
+        recipient: facts.recipient,
+        activity,
+        work_open: facts.work_open,
+    };
+    let issued = model::step(
+        reserved.record,
+        Event::new(now, boundary.clone()),
+        &ctx.policy,
+    );
+    let write = issued.effects.iter().find_map(|e| match e {
+        Effect::Write { request_id, .. } => Some(request_id.clone()),
+        _ => None,
+    });
+    let Some(request_id) = write else {
+        // No write at the boundary: nothing to reorder.
+        return apply(ctx, svc, id, report, |_| {
+            Ok(EventKind::Reservation { earlier_active })
+        });
+    };
+    let outcome = write_now(ctx, svc, id, agent, request_id.as_str(), report).await?;
+    apply(ctx, svc, id, report, |_| {
+        Ok(EventKind::Reservation { earlier_active })
+    })?;
+    apply(ctx, svc, id, report, |_| Ok(boundary))?;
+    apply(ctx, svc, id, report, |_| {
+        Ok(EventKind::WriteResult { outcome })
+    })
 }
 
 /// Hands one write to the adapter: the card for the message, with `request_id`.

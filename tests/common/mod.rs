@@ -94,7 +94,7 @@ impl World {
     /// scripts (a request id POSTed twice shows as two runs); its status URL answers
     /// `returned` for a request id it took and 404 for one it never saw.
     pub fn add_http_agent(&self, id: &str) {
-        let url = http_recipient(self.log.clone());
+        let url = http_recipient(self.log.clone(), Some(self.db.clone()));
         self.register_http_agent(id, &url);
     }
 
@@ -226,6 +226,9 @@ impl World {
                     }
                 }
                 ["missing-text", req] => panic!("run {req} had no text file"),
+                ["unreserved", req] => panic!(
+                    "G8: request {req} reached the recipient before its reservation was committed"
+                ),
                 _ => panic!("unexpected log line {line:?}"),
             }
         }
@@ -290,9 +293,28 @@ pub fn kill9(engine: &mut Engine) {
     let _ = engine.0.wait();
 }
 
+/// Whether the database at `db` holds, right now, a committed reservation of `request_id`
+/// with its write issued: what a recipient can check as a write arrives (G8).
+pub fn reservation_committed(db: &Path, request_id: &str) -> bool {
+    let Ok(conn) =
+        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+    else {
+        return false;
+    };
+    conn.query_row(
+        "SELECT count(*) FROM deliveries WHERE state = 'SENDING'
+           AND json_extract(record, '$.core.request_id') = ?1
+           AND json_extract(record, '$.issued_at') IS NOT NULL",
+        [request_id],
+        |r| r.get::<_, i64>(0),
+    )
+    .is_ok_and(|n| n > 0)
+}
+
 /// Serves POSTs on a loopback port until the test process ends, logging each to `log`;
-/// returns the URL.
-pub fn http_recipient(log: PathBuf) -> String {
+/// returns the URL. With `db`, each POST first looks up its reservation in that database
+/// file and logs `unreserved <request>` when none is committed (G8).
+pub fn http_recipient(log: PathBuf, db: Option<PathBuf>) -> String {
     use std::io::Write as _;
     let log = std::sync::Arc::new(std::sync::Mutex::new(log));
     let seen: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>> =
@@ -311,8 +333,12 @@ pub fn http_recipient(log: PathBuf) -> String {
                     axum::routing::post(move |body: axum::Json<Value>| {
                         let log = log.clone();
                         let seen = seen.clone();
+                        let db = db.clone();
                         async move {
                             let req = body["request_id"].as_str().unwrap_or("?").to_owned();
+                            let reserved = db
+                                .as_deref()
+                                .is_none_or(|db| reservation_committed(db, &req));
                             seen.lock().unwrap().insert(req.clone());
                             let agent = body["agent"].as_str().unwrap_or("?").to_owned();
                             let ns = std::time::SystemTime::now()
@@ -325,6 +351,9 @@ pub fn http_recipient(log: PathBuf) -> String {
                                 .append(true)
                                 .open(&*path)
                                 .unwrap();
+                            if !reserved {
+                                writeln!(f, "unreserved {req}").unwrap();
+                            }
                             writeln!(f, "start {req} {ns} {agent}\nend {req} {ns} {agent}")
                                 .unwrap();
                             "{}"
