@@ -27,8 +27,12 @@ use std::time::Duration;
 
 /// The virtual moment a run starts at (2027-01-15): fixed, so records replay.
 const EPOCH_MS: u64 = 1_800_000_000_000;
-/// How long faults strike; then everything heals.
-const FAULT_PHASE: Duration = Duration::from_secs(2 * 3_600);
+/// How long faults strike; then everything heals. One hour: long enough for slow turns,
+/// provider outages and re-registrations to overlap the sends, short enough that a sweep
+/// covers many seeds (swarm testing favours many short runs).
+const FAULT_PHASE: Duration = Duration::from_secs(3_600);
+/// The driver sends its handoffs over the first 40 minutes of the fault phase.
+const SEND_WINDOW: Duration = Duration::from_secs(40 * 60);
 /// How long after healing every delivery has to settle.
 const SETTLE_LIMIT: Duration = Duration::from_secs(4 * 3_600);
 /// The simulation's step.
@@ -593,7 +597,7 @@ fn heal(
         .push((now, "world".to_owned(), "every fault heals".to_owned()));
 }
 
-/// The driver: sends the plan's handoffs over the first hour (half of them work, some with
+/// The driver: sends the plan's handoffs over the send window (half of them work, some with
 /// a due time), then returns work whose turn returned, as its recipient would.
 async fn driver(
     db: &Path,
@@ -606,7 +610,8 @@ async fn driver(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let mut svc = Service::with_clock(Store::open(db)?, sim_clock());
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xd21e);
-    let gap_ms = 3_600_000 / u64::try_from(handoffs.max(1)).unwrap_or(1);
+    let gap_ms = u64::try_from(SEND_WINDOW.as_millis()).unwrap_or(u64::MAX)
+        / u64::try_from(handoffs.max(1)).unwrap_or(1);
     for i in 0..handoffs {
         tokio::time::sleep(Duration::from_millis(rng.random_range(0..2 * gap_ms))).await;
         let from = rng.random_range(0..names.len());

@@ -40,8 +40,14 @@ const QUEUED_PER_RECIPIENT: i64 = 2;
 const JOBS_MAX: usize = 64;
 /// How many deliveries one job takes through before it hands back (run mode).
 const JOB_DELIVERIES_MAX: usize = 256;
-/// How often enrolment of stragglers, reminders and the health report run at most.
+/// How often enrolment of stragglers and reminders run at most.
 const HOUSEKEEPING_INTERVAL_MS: u64 = 1_000;
+/// Housekeeping runs when another process committed, when a reminder falls due, and at the
+/// latest this long after the last run (a safety net: sends enrol their own deliveries).
+const HOUSEKEEPING_MAX_INTERVAL_MS: u64 = 60_000;
+/// How often an engine with nothing to report still saves its report (its heartbeat: the
+/// page and the MCP servers call an engine quiet after two minutes without one).
+const REPORT_HEARTBEAT_MS: u64 = 10_000;
 /// How often a running engine checks the database for another process's commit (its own
 /// jobs share its connection, so their commits do not count; a job that ends wakes it).
 const WATCH_INTERVAL: Duration = Duration::from_millis(5);
@@ -106,6 +112,10 @@ pub struct Engine {
     /// When enrolment and reminders last ran, and when a report was last saved.
     last_housekeeping: Option<Millis>,
     last_report: Option<Millis>,
+    /// The database's `data_version` when housekeeping last ran (another process's commit
+    /// changes it), and when the next reminder falls due.
+    housekeeping_seen: i64,
+    next_reminder: Option<Millis>,
     _lock: Option<File>,
 }
 
@@ -162,6 +172,8 @@ impl Engine {
             watch_every: WATCH_INTERVAL,
             last_housekeeping: None,
             last_report: None,
+            housekeeping_seen: 0,
+            next_reminder: None,
             _lock: Some(file),
         })
     }
@@ -226,7 +238,7 @@ impl Engine {
             || !report.errors.is_empty()
             || self
                 .last_report
-                .is_none_or(|t| started_at.since(t) >= HOUSEKEEPING_INTERVAL_MS);
+                .is_none_or(|t| started_at.since(t) >= REPORT_HEARTBEAT_MS);
         if worth_saving {
             self.save_report(&mut report, started_at);
         }
@@ -260,17 +272,26 @@ impl Engine {
         }
     }
 
-    /// Enrolling stragglers and reminders scan tables: at most once a second (sends enrol
-    /// their own deliveries at once).
+    /// Enrolling stragglers and reminders scan tables, so they run only when something may
+    /// have changed: another process committed (a send by an older client, a config change),
+    /// a reminder fell due, or a minute passed; and at most once a second.
     fn housekeeping_if_due(&mut self, report: &mut PassReport) {
         let now = self.now();
-        if self
-            .last_housekeeping
-            .is_some_and(|t| now.since(t) < HOUSEKEEPING_INTERVAL_MS)
-        {
+        let seen = self.service.borrow().store.data_version().unwrap_or(0);
+        let due = match self.last_housekeeping {
+            None => true,
+            Some(t) if now.since(t) < HOUSEKEEPING_INTERVAL_MS => false,
+            Some(t) => {
+                seen != self.housekeeping_seen
+                    || self.next_reminder.is_some_and(|r| r <= now)
+                    || now.since(t) >= HOUSEKEEPING_MAX_INTERVAL_MS
+            }
+        };
+        if !due {
             return;
         }
         self.last_housekeeping = Some(now);
+        self.housekeeping_seen = seen;
         match self.housekeeping() {
             Ok((enrolled, reminders)) => {
                 report.enrolled += enrolled;
@@ -278,6 +299,15 @@ impl Engine {
             }
             Err(e) => report.errors.push(e.to_string()),
         }
+        self.next_reminder = self
+            .service
+            .borrow_mut()
+            .store
+            .read(|tx| tx.next_reminder_at())
+            .ok()
+            .flatten()
+            .and_then(|t| u64::try_from(t).ok())
+            .map(Millis);
     }
 
     /// Starts a job for every recipient with due deliveries that has none running yet; with
@@ -392,7 +422,12 @@ fn facts(tx: &Tx<'_>, id: &str, one_shot: bool) -> Result<PassFacts, ServiceErro
     })
 }
 
-/// When the engine should look at a delivery again, given its new record.
+/// When the engine should look at a delivery again, given its new record. A delivery that
+/// waits on something only polling can see (a person's turn, an outage, an unreachable
+/// agent, a long turn of ours) is looked at less often the longer it has waited: a tenth of
+/// its time in the state, between the state's base interval and a cap. What a commit can
+/// change (a registration, a connection, `enabled`, a turn of ours ending) wakes the
+/// recipient's deliveries at once instead.
 fn due_after(
     policy: &Policy,
     record: &Delivery,
@@ -400,21 +435,30 @@ fn due_after(
     now: Millis,
 ) -> Option<i64> {
     let soon = |ms: u64| Some(millis(now.plus_ms(ms)));
+    let waited = now.since(record.core().since());
+    let backoff =
+        |base_ms: u64, cap_ms: u64| soon((waited / 10).clamp(base_ms, cap_ms.max(base_ms)));
     let observe = agent.map_or(1_000, Adapters::observe_interval_ms);
     let deadline = record.next_deadline(policy).map(millis);
     match record {
-        Delivery::Waiting(_) => soon(1_000),
+        Delivery::Waiting(_) => backoff(1_000, 15_000),
         Delivery::Busy(b) => match b.reason() {
             BusyReason::EarlierDelivery { .. } => soon(30_000),
-            BusyReason::RecipientInTurn { .. } => soon(500),
+            BusyReason::RecipientInTurn { .. } => backoff(500, 15_000),
         },
-        Delivery::Held(_) | Delivery::Unavailable(_) => soon(5_000),
+        Delivery::Held(_) | Delivery::Unavailable(_) => backoff(5_000, 60_000),
         Delivery::OwnerRejected(_) => soon(0),
         Delivery::Sending(_) | Delivery::Failed(_) => deadline,
         // Just accepted: observe at once (a short turn may already be over).
         Delivery::Accepted(a) if a.core().since() == now => soon(0),
+        // Never less often than four times within the unobserved limit, so a turn that can
+        // be observed is never taken for one that cannot.
         Delivery::Accepted(_) | Delivery::Running(_) => {
-            [deadline, soon(observe)].into_iter().flatten().min()
+            let cap = (policy.unobserved_limit_ms / 4).min(30_000);
+            [deadline, backoff(observe, cap)]
+                .into_iter()
+                .flatten()
+                .min()
         }
         Delivery::Uncertain(_) => [deadline, soon(30_000)].into_iter().flatten().min(),
         _ => None,
@@ -776,11 +820,12 @@ impl Engine {
             self.dispatch(&mut jobs, &mut busy, &mut report, true, JOBS_MAX);
             report.pass_ms_max = report.pass_ms_max.max(elapsed_ms(looked));
             let now = self.now();
-            if !report.errors.is_empty()
-                || self
-                    .last_report
-                    .is_none_or(|t| now.since(t) >= HOUSEKEEPING_INTERVAL_MS)
-            {
+            let since_report = self.last_report.map(|t| now.since(t));
+            if since_report.is_none_or(|ms| {
+                ms >= REPORT_HEARTBEAT_MS
+                    || (ms >= HOUSEKEEPING_INTERVAL_MS
+                        && (report.moved > 0 || !report.errors.is_empty()))
+            }) {
                 for e in &report.errors {
                     tracing::warn!(error = %e, "engine pass");
                 }

@@ -547,6 +547,8 @@ impl Service {
         self.store.write(|tx| {
             tx.set_config(key, &value)?;
             tx.event(millis(now), None, "config", &format!("{key} = {value}"))?;
+            // A pause lifted or a connection rule changed: held deliveries are looked at now.
+            tx.wake_pending(millis(now))?;
             Ok(value)
         })
     }

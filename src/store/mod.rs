@@ -809,6 +809,18 @@ impl Tx<'_> {
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
+    /// When the next reminder falls due: the earliest due time of open, unreminded work.
+    pub fn next_reminder_at(&self) -> Result<Option<i64>> {
+        Ok(self
+            .tx
+            .prepare_cached(
+                "SELECT min(due_at) FROM work
+                 WHERE due_at IS NOT NULL AND reminded_at IS NULL
+                   AND state IN ('assigned', 'accepted')",
+            )?
+            .query_row([], |r| r.get(0))?)
+    }
+
     // ----- deliveries -----
 
     pub fn insert_delivery(&self, d: &DeliveryRow, seq_of_message: &str) -> Result<()> {
@@ -879,6 +891,16 @@ impl Tx<'_> {
             "UPDATE deliveries SET due_at = ?2 WHERE recipient = ?1 AND class = 'pending'
                AND (due_at IS NULL OR due_at > ?2)",
             params![recipient, now],
+        )?;
+        Ok(())
+    }
+
+    /// Makes every pending delivery due at `now` (a change of `enabled` or `connections`).
+    pub fn wake_pending(&self, now: i64) -> Result<()> {
+        self.tx.execute(
+            "UPDATE deliveries SET due_at = ?1 WHERE class = 'pending'
+               AND (due_at IS NULL OR due_at > ?1)",
+            params![now],
         )?;
         Ok(())
     }
