@@ -303,7 +303,7 @@ impl Engine {
             .service
             .borrow_mut()
             .store
-            .read(|tx| tx.next_reminder_at())
+            .read(|tx: &Tx<'_>| tx.next_reminder_at())
             .ok()
             .flatten()
             .and_then(|t| u64::try_from(t).ok())
