@@ -551,7 +551,10 @@ fn handoffs_policy_may_shorten_timings_but_never_raise_limits_and_status_says_so
             r#"{"sending_timeout_ms": 600000}"#,
             "sending_timeout_ms may only be shortened",
         ),
-        (r#"{"bogus_ms": 5}"#, "HANDOFFS_POLICY is not a valid policy"),
+        (
+            r#"{"bogus_ms": 5}"#,
+            "HANDOFFS_POLICY is not a valid policy",
+        ),
         ("not json", "HANDOFFS_POLICY is not a valid policy"),
     ] {
         let out = w

@@ -91,6 +91,11 @@ pub struct AgentState {
     turn: Option<Turn>,
     statuses: BTreeMap<String, Ending>,
     pub received: Vec<Received>,
+    /// Each turn of ours that ended: (request id, when it really ended, how).
+    pub ended: Vec<(String, Duration, &'static str)>,
+    /// Each status (history) query answered: (when, request id, whether the request was
+    /// found). The engine's history scans are among them.
+    pub status_queries: Vec<(Duration, String, bool)>,
     /// Looks up each arriving write's reservation (none: every write counts as reserved).
     pub reservations: Option<ReservationCheck>,
     /// Trace lines: (virtual time, text).
@@ -110,6 +115,8 @@ impl AgentState {
             turn: None,
             statuses: BTreeMap::new(),
             received: Vec::new(),
+            ended: Vec::new(),
+            status_queries: Vec::new(),
             reservations: None,
             trace: Vec::new(),
         }))
@@ -127,6 +134,8 @@ impl AgentState {
         {
             if let Some(r) = &turn.request_id {
                 self.statuses.insert(r.clone(), turn.ending);
+                self.ended
+                    .push((r.clone(), turn.ends_at, turn.ending.status()));
             }
             self.turn = None;
         }
@@ -169,13 +178,16 @@ impl AgentState {
             }
             ("GET", path) if path.starts_with("/status/") => {
                 let id = &path["/status/".len()..];
-                match (self.statuses.get(id), &self.turn) {
+                let answer = match (self.statuses.get(id), &self.turn) {
                     (Some(e), _) => (200, json!({ "status": e.status() }).to_string()),
                     (None, Some(t)) if t.request_id.as_deref() == Some(id) => {
                         (200, json!({ "status": "running" }).to_string())
                     }
                     _ => (404, "{}".to_owned()),
-                }
+                };
+                self.status_queries
+                    .push((now, id.to_owned(), answer.0 != 404));
+                answer
             }
             _ => (404, "{}".to_owned()),
         }

@@ -8,6 +8,7 @@
 
 pub mod agent;
 pub mod net;
+pub mod oracle;
 pub mod status;
 
 /// The simulation framework, for the runner that puts the engine in this world.

@@ -500,13 +500,19 @@ fn sim_cmd(cli: &Cli, seed: Option<u64>, seeds: Option<&str>, trace: bool) -> Re
                 "virtual_hours": hours,
                 "wall_seconds": wall.as_secs_f64(),
                 "failures": sweep.failures,
+                "exercised": sweep.exercised.iter().map(|(k, runs, total)| {
+                    json!({"check": k, "runs": runs, "checks": total})
+                }).collect::<Vec<_>>(),
             }),
             || {
                 format!(
-                    "{} runs, {hours:.1} virtual hours in {:.1} s of wall time ({:.0}× faster), {} failed",
+                    "{}{} runs, {hours:.1} virtual hours in {:.1} s of wall time ({:.0}× faster, {:.2} s a run), {} failed",
+                    sweep.exercised_lines(),
                     sweep.runs,
                     wall.as_secs_f64(),
                     sweep.virtual_time.as_secs_f64() / wall.as_secs_f64().max(1e-9),
+                    wall.as_secs_f64()
+                        / f64::from(u32::try_from(sweep.runs.max(1)).unwrap_or(u32::MAX)),
                     sweep.failures.len()
                 )
             },

@@ -1,0 +1,587 @@
+//! The oracle: one function per guarantee of SPEC §3, each judging a finished run from plain
+//! rows (what the engine stored) and the agents' own records (what the recipients saw), against
+//! the numbers SPEC promises (`Policy::default()`), never the policy the engine ran with. Each
+//! verdict says how many times its check was exercised, so a check that had nothing to judge
+//! says so instead of passing silently.
+//!
+//! It must never read the engine's memory or the database: the runner hands it rows.
+
+use crate::agent::short;
+use model::Policy;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::time::Duration;
+
+/// How long after a provider outage begins a correct engine may still reserve an attempt: the
+/// guard's 60 s cache and 5 s timeout (SPEC §2.2 step 6), then the activity check of step 7,
+/// which may take up to its 30 s request timeout before the reservation of step 8.
+pub const GUARD_LAG: Duration = Duration::from_secs(100);
+/// How late a reminder may be: the engine's housekeeping runs at least once a minute.
+pub const REMINDER_LAG: Duration = Duration::from_secs(120);
+/// A write may reach a session whose turn began this shortly before it: the send boundary's
+/// check and the write are a few network hops apart. A host that refuses busy writes refuses
+/// it (no harm); a write *taken* during another turn is never forgiven.
+pub const BUSY_RACE: Duration = Duration::from_secs(5);
+
+/// One delivery as stored at the end of the run.
+#[derive(Clone, Debug, Default)]
+pub struct DeliveryRow {
+    pub id: String,
+    pub recipient: String,
+    /// The state, in capitals.
+    pub state: String,
+    /// Every request id of the delivery, oldest first; the last is the current one.
+    pub request_ids: Vec<String>,
+    pub error_resends: u32,
+    pub interrupt_resends: u32,
+    /// FAILED with a resend still planned.
+    pub resend_pending: bool,
+    /// UNCERTAIN after an exact receipt (only a person can release it).
+    pub had_receipt: bool,
+    /// UNAVAILABLE because its destination changed since it was queued.
+    pub destination_changed: bool,
+}
+
+/// One line of the engine's event history about a delivery.
+#[derive(Clone, Debug)]
+pub struct EventRow {
+    pub at: Duration,
+    pub message: String,
+    /// `delivery` (enrolled), `state` (moved), `release`, …
+    pub kind: String,
+    pub detail: String,
+}
+
+/// One write a host received.
+#[derive(Clone, Debug)]
+pub struct WriteRow {
+    pub host: String,
+    pub write: crate::agent::Received,
+}
+
+/// A handoff the driver sent, and the host its recipient was registered at in that instant.
+#[derive(Clone, Debug)]
+pub struct SentRow {
+    pub id: String,
+    pub host: String,
+}
+
+/// A piece of work with a due time.
+#[derive(Clone, Debug)]
+pub struct WorkRow {
+    pub id: String,
+    pub due_at: Duration,
+    /// When it was first returned, if it was.
+    pub returned_at: Option<Duration>,
+    /// When each reminder was sent.
+    pub reminders: Vec<Duration>,
+    /// Reminders that got a delivery (a reminder must never wake anyone).
+    pub reminder_deliveries: usize,
+}
+
+/// Everything a run leaves for the oracle.
+#[derive(Clone, Debug, Default)]
+pub struct Run {
+    pub deliveries: Vec<DeliveryRow>,
+    pub events: Vec<EventRow>,
+    pub writes: Vec<WriteRow>,
+    /// Per host: (request id, when the turn really ended, how).
+    pub turns_ended: Vec<(String, String, Duration, &'static str)>,
+    /// Per host: (host, when, request id, found).
+    pub status_queries: Vec<(String, Duration, String, bool)>,
+    pub sent: Vec<SentRow>,
+    pub work: Vec<WorkRow>,
+    /// The provider outages the status page reported: (from, until).
+    pub outages: Vec<(Duration, Option<Duration>)>,
+    /// Deliveries a person released.
+    pub released: BTreeSet<String>,
+    pub healed_at: Option<Duration>,
+    pub end: Duration,
+}
+
+/// One guarantee's verdict.
+#[derive(Clone, Debug)]
+pub struct Verdict {
+    pub key: &'static str,
+    pub what: &'static str,
+    /// How many times the check had something to judge.
+    pub exercised: usize,
+    pub violations: Vec<String>,
+}
+
+impl Verdict {
+    fn new(key: &'static str, what: &'static str) -> Verdict {
+        Verdict {
+            key,
+            what,
+            exercised: 0,
+            violations: Vec::new(),
+        }
+    }
+
+    pub fn ok(&self) -> bool {
+        self.violations.is_empty()
+    }
+
+    /// `G1       exact recipient: ok (12 checked)`, `… not exercised`, or `… FAILED (…)`.
+    pub fn line(&self) -> String {
+        let mut out = String::new();
+        let head = format!("{:<8} {}", self.key, self.what);
+        if !self.violations.is_empty() {
+            let _ = writeln!(
+                out,
+                "{head}: FAILED ({} violations, {} checked)",
+                self.violations.len(),
+                self.exercised
+            );
+            for v in self.violations.iter().take(5) {
+                let _ = writeln!(out, "           {v}");
+            }
+        } else if self.exercised == 0 {
+            let _ = writeln!(out, "{head}: ok, not exercised");
+        } else {
+            let _ = writeln!(out, "{head}: ok ({} checked)", self.exercised);
+        }
+        out
+    }
+}
+
+fn hms(d: Duration) -> String {
+    let ms = d.as_millis();
+    format!(
+        "{}:{:02}:{:02}.{:03}",
+        ms / 3_600_000,
+        ms / 60_000 % 60,
+        ms / 1_000 % 60,
+        ms % 1_000
+    )
+}
+
+/// Which delivery each request id belongs to.
+fn owners(run: &Run) -> BTreeMap<&str, &DeliveryRow> {
+    let mut out = BTreeMap::new();
+    for d in &run.deliveries {
+        for r in &d.request_ids {
+            out.insert(r.as_str(), d);
+        }
+    }
+    out
+}
+
+/// A state event's `FROM → TO: …` parts.
+fn moved(e: &EventRow) -> Option<(&str, &str)> {
+    let (from, rest) = e.detail.split_once(" → ")?;
+    let to = rest.split(':').next()?.trim();
+    Some((from.trim(), to))
+}
+
+const ACTIVE: [&str; 4] = ["SENDING", "UNCERTAIN", "ACCEPTED", "RUNNING"];
+
+/// G1: every write reached the host its recipient was registered at when the handoff was
+/// sent, and named that recipient.
+pub fn g1_exact_recipient(run: &Run) -> Verdict {
+    let mut v = Verdict::new("G1", "exact recipient");
+    let owners = owners(run);
+    let queued: BTreeMap<&str, &str> = run
+        .sent
+        .iter()
+        .map(|s| (s.id.as_str(), s.host.as_str()))
+        .collect();
+    for w in &run.writes {
+        let Some(d) = owners.get(w.write.request_id.as_str()) else {
+            continue; // G2 judges writes that belong to no delivery
+        };
+        v.exercised += 1;
+        let queued_for = queued.get(d.id.as_str()).copied();
+        if queued_for.is_some_and(|q| q != w.host) || w.write.addressed_to != d.recipient {
+            v.violations.push(format!(
+                "a write of {} to {}, queued for host {}, reached host {} addressed to {}",
+                short(&d.id),
+                d.recipient,
+                queued_for.unwrap_or("?"),
+                w.host,
+                w.write.addressed_to
+            ));
+        }
+    }
+    v
+}
+
+/// G2: a request id is written again only after an explicit refusal, at most SPEC's refusal
+/// retries times; a delivery's writes never exceed its request ids × (1 + retries); every
+/// write belongs to a delivery.
+pub fn g2_one_write_per_attempt(run: &Run) -> Verdict {
+    let mut v = Verdict::new("G2", "one write per attempt");
+    let per_id = 1 + Policy::default().refusal_retries_max as usize;
+    let owners = owners(run);
+    let mut by_id: BTreeMap<&str, Vec<&WriteRow>> = BTreeMap::new();
+    for w in &run.writes {
+        by_id
+            .entry(w.write.request_id.as_str())
+            .or_default()
+            .push(w);
+    }
+    for (rid, got) in &by_id {
+        v.exercised += 1;
+        if !owners.contains_key(rid) {
+            v.violations.push(format!(
+                "a write with request {} belongs to no delivery",
+                short(rid)
+            ));
+        }
+        let again_after_taken = got.windows(2).any(|p| p[0].write.taken);
+        if again_after_taken || got.len() > per_id {
+            v.violations.push(format!(
+                "request {} was written {} times ({})",
+                short(rid),
+                got.len(),
+                got.iter()
+                    .map(|g| format!(
+                        "{} at {}{}",
+                        g.host,
+                        hms(g.write.at),
+                        if g.write.taken { " taken" } else { " refused" }
+                    ))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+    }
+    v
+}
+
+/// G3: no write is taken by a session in another turn, none arrives later than the race
+/// allowance into one, and at most one delivery per recipient is active at any moment (from
+/// the engine's full state history, not samples).
+pub fn g3_never_interrupt(run: &Run) -> Verdict {
+    let mut v = Verdict::new("G3", "never interrupt");
+    for w in &run.writes {
+        v.exercised += 1;
+        if let Some(since) = w.write.busy_since {
+            if w.write.taken {
+                v.violations.push(format!(
+                    "{} took {} at {} in a turn that began at {}",
+                    w.host,
+                    short(&w.write.request_id),
+                    hms(w.write.at),
+                    hms(since)
+                ));
+            } else if w.write.at > since + BUSY_RACE {
+                v.violations.push(format!(
+                    "{} was sent {} at {} in a turn that began at {}",
+                    w.host,
+                    short(&w.write.request_id),
+                    hms(w.write.at),
+                    hms(since)
+                ));
+            }
+        }
+    }
+    // Replay the state history: which deliveries are active, per recipient.
+    let recipient: BTreeMap<&str, &str> = run
+        .deliveries
+        .iter()
+        .map(|d| (d.id.as_str(), d.recipient.as_str()))
+        .collect();
+    let mut active: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for e in &run.events {
+        let Some(r) = recipient.get(e.message.as_str()) else {
+            continue;
+        };
+        if e.kind == "release" {
+            // A person's release leaves whatever state it was in for CANCELLED or FAILED.
+            active.entry(r).or_default().remove(e.message.as_str());
+            continue;
+        }
+        let (true, Some((_, to))) = (e.kind == "state", moved(e)) else {
+            continue;
+        };
+        let set = active.entry(r).or_default();
+        if ACTIVE.contains(&to) {
+            if set.insert(e.message.as_str()) && set.len() > 1 {
+                v.violations.push(format!(
+                    "{} deliveries active at once to {r} at {} ({})",
+                    set.len(),
+                    hms(e.at),
+                    set.iter().map(|m| short(m)).collect::<Vec<_>>().join(", ")
+                ));
+            }
+        } else {
+            set.remove(e.message.as_str());
+        }
+    }
+    v
+}
+
+/// G4: resends within SPEC's limits, an interrupted turn resent no sooner than 10 minutes
+/// after it really ended (by the recipient's record), nothing resent from UNCERTAIN or
+/// CANCELLED; every state event is readable.
+pub fn g4_bounded_resend(run: &Run) -> Verdict {
+    let mut v = Verdict::new("G4", "bounded resend");
+    let spec = Policy::default();
+    let ended: BTreeMap<&str, (Duration, &str)> = run
+        .turns_ended
+        .iter()
+        .map(|(_, rid, at, how)| (rid.as_str(), (*at, *how)))
+        .collect();
+    let first_write: BTreeMap<&str, Duration> =
+        run.writes.iter().rev().fold(BTreeMap::new(), |mut m, w| {
+            m.insert(w.write.request_id.as_str(), w.write.at);
+            m
+        });
+    for d in &run.deliveries {
+        let resends = d.request_ids.len().saturating_sub(1);
+        if resends == 0 {
+            continue;
+        }
+        v.exercised += 1;
+        let max = (spec.error_resends_max + spec.interrupt_resends_max) as usize;
+        if resends > max
+            || d.error_resends > spec.error_resends_max
+            || d.interrupt_resends > spec.interrupt_resends_max
+        {
+            v.violations.push(format!(
+                "{} was resent {resends} times ({} after errors, {} after interruptions)",
+                short(&d.id),
+                d.error_resends,
+                d.interrupt_resends
+            ));
+        }
+        for pair in d.request_ids.windows(2) {
+            let (before, after) = (pair[0].as_str(), pair[1].as_str());
+            match ended.get(before) {
+                None => v.violations.push(format!(
+                    "{} was resent as {} though its turn {} never ended at the recipient",
+                    short(&d.id),
+                    short(after),
+                    short(before)
+                )),
+                Some((at, "stopped")) => {
+                    if let Some(w) = first_write.get(after)
+                        && *w < *at + Duration::from_millis(spec.interrupt_resend_wait_ms)
+                    {
+                        v.violations.push(format!(
+                            "{} was resent at {} only {}s after its interrupted turn ended",
+                            short(&d.id),
+                            hms(*w),
+                            w.saturating_sub(*at).as_secs()
+                        ));
+                    }
+                }
+                Some((_, "returned")) => v.violations.push(format!(
+                    "{} was resent though its turn {} returned",
+                    short(&d.id),
+                    short(before)
+                )),
+                Some(_) => {}
+            }
+        }
+    }
+    for e in run.events.iter().filter(|e| e.kind == "state") {
+        v.exercised += 1;
+        let Some((from, to)) = moved(e) else {
+            v.violations
+                .push(format!("an unreadable state event: {:?}", e.detail));
+            continue;
+        };
+        let resumes = matches!(
+            to,
+            "ACCEPTED" | "RUNNING" | "RETURNED" | "FAILED" | "CANCELLED"
+        );
+        if (from == "UNCERTAIN" && !resumes) || from == "CANCELLED" {
+            v.violations.push(format!(
+                "{} went {from} → {to} at {}",
+                short(&e.message),
+                hms(e.at)
+            ));
+        }
+    }
+    v
+}
+
+/// G5: a delivery cancelled without a person's release was never taken by its recipient, and
+/// the recipient answered at least SPEC's number of history queries for it with "not found",
+/// spanning at least SPEC's hour.
+pub fn g5_honest_release(run: &Run) -> Verdict {
+    let mut v = Verdict::new("G5", "honest release");
+    let spec = Policy::default();
+    for d in run.deliveries.iter().filter(|d| d.state == "CANCELLED") {
+        v.exercised += 1;
+        let Some(current) = d.request_ids.last() else {
+            continue;
+        };
+        if let Some(w) = run
+            .writes
+            .iter()
+            .find(|w| w.write.taken && &w.write.request_id == current)
+        {
+            v.violations.push(format!(
+                "{} was cancelled, but {} took {} at {}",
+                short(&d.id),
+                w.host,
+                short(current),
+                hms(w.write.at)
+            ));
+        }
+        if run.released.contains(&d.id) {
+            continue;
+        }
+        let misses: Vec<Duration> = run
+            .status_queries
+            .iter()
+            .filter(|(_, _, rid, found)| rid == current && !found)
+            .map(|(_, at, _, _)| *at)
+            .collect();
+        let span = match (misses.first(), misses.last()) {
+            (Some(a), Some(b)) => b.saturating_sub(*a),
+            _ => Duration::ZERO,
+        };
+        if misses.len() < spec.history_scans_min as usize
+            || span < Duration::from_millis(spec.history_scan_span_ms)
+        {
+            v.violations.push(format!(
+                "{} was cancelled after {} empty history answers over {}s",
+                short(&d.id),
+                misses.len(),
+                span.as_secs()
+            ));
+        }
+    }
+    v
+}
+
+/// G6: no attempt is reserved while the outage guard must have seen an outage.
+pub fn g6_outages_hold(run: &Run) -> Verdict {
+    let mut v = Verdict::new("G6", "outages hold");
+    for e in run.events.iter().filter(|e| e.kind == "state") {
+        let Some((_, "SENDING")) = moved(e) else {
+            continue;
+        };
+        for (from, until) in &run.outages {
+            let seen = *from + GUARD_LAG;
+            if until.is_none_or(|u| u > seen) {
+                v.exercised += 1;
+            }
+            if e.at > seen && until.is_none_or(|u| e.at < u) {
+                v.violations.push(format!(
+                    "{} was reserved at {} during the outage from {}",
+                    short(&e.message),
+                    hms(e.at),
+                    hms(*from)
+                ));
+            }
+        }
+    }
+    v
+}
+
+/// G7: work still open at its due time reminds its sender exactly once, within the lag;
+/// work returned before it never does; no reminder becomes a turn.
+pub fn g7_deadlines(run: &Run) -> Verdict {
+    let mut v = Verdict::new("G7", "deadlines");
+    for w in &run.work {
+        if w.due_at + REMINDER_LAG > run.end {
+            continue; // not judgeable within this run
+        }
+        v.exercised += 1;
+        let open_at_due = w.returned_at.is_none_or(|r| r > w.due_at);
+        match (open_at_due, w.reminders.as_slice()) {
+            (true, [at]) if *at <= w.due_at + REMINDER_LAG && *at >= w.due_at => {}
+            (true, [at]) => v.violations.push(format!(
+                "work {} due at {} was reminded at {}",
+                short(&w.id),
+                hms(w.due_at),
+                hms(*at)
+            )),
+            (false, []) => {}
+            (_, r) => v.violations.push(format!(
+                "work {} ({} at its due time) has {} reminders",
+                short(&w.id),
+                if open_at_due { "open" } else { "returned" },
+                r.len()
+            )),
+        }
+        if w.reminder_deliveries > 0 {
+            v.violations
+                .push(format!("a reminder of {} became a turn", short(&w.id)));
+        }
+    }
+    v
+}
+
+/// G8: every handoff the driver sent has its delivery, and every write arrived after its
+/// reservation was committed (looked up by the recipient as it arrived).
+pub fn g8_durability(run: &Run) -> Verdict {
+    let mut v = Verdict::new(
+        "G8",
+        "durability (nothing lost, every write reserved first)",
+    );
+    let enrolled: BTreeSet<&str> = run.deliveries.iter().map(|d| d.id.as_str()).collect();
+    for s in &run.sent {
+        v.exercised += 1;
+        if !enrolled.contains(s.id.as_str()) {
+            v.violations
+                .push(format!("handoff {} has no delivery", short(&s.id)));
+        }
+    }
+    for w in &run.writes {
+        v.exercised += 1;
+        if !w.write.reserved {
+            v.violations.push(format!(
+                "{} received {} at {} before its reservation was committed",
+                w.host,
+                short(&w.write.request_id),
+                hms(w.write.at)
+            ));
+        }
+    }
+    v
+}
+
+/// Whether a delivery has settled for good: terminal (FAILED only with no resend planned),
+/// or pending for a reason that still holds (a destination that changed since). Every other
+/// state is unsettled, whatever its reason.
+pub fn settled(d: &DeliveryRow) -> bool {
+    match d.state.as_str() {
+        "RETURNED" | "ACKNOWLEDGED" | "DUPLICATE" | "CANCELLED" => true,
+        "FAILED" => !d.resend_pending,
+        "UNAVAILABLE" => d.destination_changed,
+        _ => false,
+    }
+}
+
+/// Liveness: after every fault healed, every delivery settled within the bound.
+pub fn liveness(run: &Run, bound: Duration) -> Verdict {
+    let mut v = Verdict::new("liveness", "every delivery settles after healing");
+    if run.healed_at.is_none() {
+        v.violations
+            .push("the run ended before every fault healed".to_owned());
+    }
+    for d in &run.deliveries {
+        v.exercised += 1;
+        if !settled(d) {
+            v.violations.push(format!(
+                "{} is still {} {} after every fault healed",
+                short(&d.id),
+                d.state,
+                hms(bound)
+            ));
+        }
+    }
+    v
+}
+
+/// Every verdict, in SPEC's order.
+pub fn judge(run: &Run, settle_bound: Duration) -> Vec<Verdict> {
+    vec![
+        g1_exact_recipient(run),
+        g2_one_write_per_attempt(run),
+        g3_never_interrupt(run),
+        g4_bounded_resend(run),
+        g5_honest_release(run),
+        g6_outages_hold(run),
+        g7_deadlines(run),
+        g8_durability(run),
+        liveness(run, settle_bound),
+    ]
+}
