@@ -178,6 +178,14 @@ pub enum PlantedBug {
     ReserveAfterWrite,
     /// The send boundary hands the same write over again (breaks G2).
     WriteTwice,
+    /// History scans cancel after 2 empty scans instead of SPEC's 3 (breaks G5).
+    CancelEarly,
+    /// The send boundary does not look at the recipient's activity again (breaks G3 when a
+    /// turn starts between the reservation and the write).
+    SkipBoundaryRecheck,
+    /// An activity that cannot be verified is taken for idle (breaks "nothing is written
+    /// while the activity is unknown").
+    UnknownIsIdle,
     /// The destination is resolved when writing, from the registration as it is then, and a
     /// changed route is not seen as a new destination (breaks G1).
     ResolveAtWrite,

@@ -240,6 +240,7 @@ fn judge(activity: &Activity, policy: &Policy) -> Verdict {
                 })
             }
         }
+        Activity::Unknown { .. } if policy.planted(PlantedBug::UnknownIsIdle) => Verdict::Free,
         Activity::Unknown { detail } => Verdict::Unknown(detail.clone()),
         Activity::Idle | Activity::Finished | Activity::Stopped | Activity::Failed => Verdict::Free,
     }
@@ -343,7 +344,12 @@ fn on_send_boundary(
         }
         Some(_) => {}
     }
-    match judge(activity, policy) {
+    let verdict = if policy.planted(PlantedBug::SkipBoundaryRecheck) {
+        Verdict::Free
+    } else {
+        judge(activity, policy)
+    };
+    match verdict {
         Verdict::Busy(reason) => done(s.back_out(now).busy(reason, now)),
         Verdict::Unknown(detail) => done(
             s.back_out(now)
@@ -487,7 +493,12 @@ fn on_scan(record: Delivery, scan: ScanResult, now: Millis, policy: &Policy) -> 
             }
             u.scans.empty += 1;
             let first = *u.scans.first_empty_at.get_or_insert(now);
-            if u.scans.empty >= policy.history_scans_min
+            let scans_min = if policy.planted(PlantedBug::CancelEarly) {
+                2
+            } else {
+                policy.history_scans_min
+            };
+            if u.scans.empty >= scans_min
                 && now.since(first) >= policy.history_scan_span_ms
             {
                 done(u.never_delivered(now))

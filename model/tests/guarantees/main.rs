@@ -383,6 +383,38 @@ fn writing_twice_for_one_reservation_is_caught_by_g2() {
 }
 
 #[test]
+fn skipping_the_activity_recheck_at_the_send_boundary_is_caught_by_g3() {
+    let broken = Policy {
+        planted_bug: Some(PlantedBug::SkipBoundaryRecheck),
+        ..Policy::default()
+    };
+    let path = counterexample(two_deliveries(broken), p::G3);
+    assert!(
+        path.contains("ForeignTurnStarts"),
+        "a person's turn starts between the reservation and the write"
+    );
+}
+
+#[test]
+fn taking_unknown_activity_for_idle_is_caught() {
+    let broken = Policy {
+        planted_bug: Some(PlantedBug::UnknownIsIdle),
+        ..Policy::default()
+    };
+    let path = counterexample(honest_release(broken), p::BLIND);
+    assert!(path.contains("AgentDown"));
+}
+
+#[test]
+fn cancelling_after_two_scans_is_caught_by_g5() {
+    let broken = Policy {
+        planted_bug: Some(PlantedBug::CancelEarly),
+        ..Policy::default()
+    };
+    counterexample(honest_release(broken), p::G5);
+}
+
+#[test]
 fn resolving_the_destination_at_write_time_is_caught_by_g1() {
     let broken = Policy {
         planted_bug: Some(PlantedBug::ResolveAtWrite),

@@ -49,6 +49,11 @@ pub fn g3_never_interrupt(_: &World, s: &State) -> bool {
     active <= 1 && s.ghost.writes.iter().all(|w| !w.session_busy)
 }
 
+/// Nothing is written while the recipient's activity cannot be verified.
+pub fn nothing_written_blind(_: &World, s: &State) -> bool {
+    !s.ghost.issued_while_unknown
+}
+
 pub fn g4_bounded_resend(_: &World, s: &State) -> bool {
     let spec = spec();
     let counts_ok = (0..s.store.len()).all(|k| {
@@ -213,6 +218,7 @@ pub const G5: &str = "G5 honest release";
 pub const G6: &str = "G6 outages hold";
 pub const G8: &str = "G8 durability";
 pub const LIVENESS: &str = "liveness: every delivery settles";
+pub const BLIND: &str = "nothing is written while the activity is unknown";
 
 /// The safety guarantees every world checks.
 pub fn safety() -> Vec<Property<World>> {
@@ -224,6 +230,7 @@ pub fn safety() -> Vec<Property<World>> {
         Property::always(G5, g5_honest_release),
         Property::always(G6, g6_outages_hold),
         Property::always(G8, g8_durability),
+        Property::always(BLIND, nothing_written_blind),
         Property::always("records stay valid", records_stay_valid),
     ]
 }

@@ -145,6 +145,8 @@ pub struct WriteLog {
     pub landed_at: u8,
     pub session_busy: bool,
     pub refused: bool,
+    /// The recipient's activity could not be verified when the write was issued.
+    pub activity_unknown: bool,
     /// The store held SENDING with this request id, write issued, when the write went out.
     pub committed_before: bool,
 }
@@ -191,6 +193,8 @@ pub struct Ghost {
 
     /// A resend was issued after its work was returned or closed.
     pub issued_resend_of_done_work: bool,
+    /// A write was issued while the recipient's activity could not be verified.
+    pub issued_while_unknown: bool,
     /// Request ids whose write was lost on the way.
     pub lost_writes: Vec<RequestId>,
     /// The destination the recipient was registered at when each message was sent.
@@ -497,6 +501,9 @@ impl World {
         };
         let effects = self.apply(s, k, event);
         if effects.iter().any(|e| matches!(e, Effect::Write { .. })) {
+            if s.agent_down {
+                s.ghost.issued_while_unknown = true;
+            }
             let is_resend = s.store[k]
                 .as_ref()
                 .is_some_and(|d| !d.core().earlier_request_ids().is_empty());
@@ -532,6 +539,7 @@ impl World {
             landed_at,
             session_busy: s.session != Session::Idle,
             refused: false,
+            activity_unknown: s.agent_down,
             committed_before,
         };
         let outcome = match how {
