@@ -246,6 +246,9 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
         interrupted: plan.interrupted_turn_rate,
         slow: plan.slow_turn_rate,
         person: plan.person_turn_rate,
+        failed_write: plan.failed_write_rate,
+        unknown_activity: plan.unknown_activity_rate,
+        racing_turn: plan.racing_turn_rate,
     };
     // The agents' hosts, then the spare host (the address a re-registration moves one to).
     let agents: Vec<Agent> = names
@@ -521,6 +524,14 @@ fn apply(
             sim.bounce("engine");
             "the engine restarts".to_owned()
         }
+        (FaultKind::LostRequests(a), true) => {
+            sim.partition_oneway("engine", names[*a].as_str());
+            format!("requests to {} are lost", names[*a])
+        }
+        (FaultKind::LostRequests(a), false) => {
+            sim.repair_oneway("engine", names[*a].as_str());
+            format!("requests to {} arrive again", names[*a])
+        }
         (FaultKind::Reregistered(a), on) => {
             let host = if on { SPARE } else { names[*a].as_str() };
             match register_at(db, &names[*a], host, now) {
@@ -547,6 +558,7 @@ fn heal(
 ) {
     for (name, agent) in names.iter().map(String::as_str).chain([SPARE]).zip(agents) {
         sim.repair_oneway(name, "engine");
+        sim.repair_oneway("engine", name);
         sim.release("engine", name);
         if !sim.is_host_running(name) {
             sim.bounce(name);
@@ -755,6 +767,17 @@ fn delivery_rows(c: &rusqlite::Connection) -> Result<Vec<oracle::DeliveryRow>, S
             had_receipt: matches!(&record, Delivery::Uncertain(u) if u.turn().is_some()),
             destination_changed: matches!(&record, Delivery::Unavailable(u)
                 if matches!(u.reason(), model::states::UnavailableReason::TargetChanged { .. })),
+            cancelled_by_scans: match &record {
+                Delivery::Cancelled(c) => match c.by() {
+                    model::states::CancelledBy::HistoryScans {
+                        scans,
+                        first_at,
+                        last_at,
+                    } => Some((*scans, Duration::from_millis(last_at.since(*first_at)))),
+                    model::states::CancelledBy::Person { .. } => None,
+                },
+                _ => None,
+            },
         });
     }
     Ok(out)

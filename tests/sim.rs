@@ -80,3 +80,22 @@ fn a_sweep_catches_a_destination_resolved_at_write_time() {
     // back while handoffs are queued for one of them.
     caught_within("resolve_at_write", "G1", 20);
 }
+
+#[cfg(feature = "planted-bugs")]
+#[test]
+fn a_sweep_catches_a_skipped_activity_recheck_at_the_send_boundary() {
+    // A person starts a turn right after the agent answered "idle": the boundary must see it.
+    caught_within("skip_boundary_recheck", "G3", 20);
+}
+
+#[cfg(feature = "planted-bugs")]
+#[test]
+fn a_sweep_catches_unknown_activity_taken_for_idle() {
+    caught_within("unknown_is_idle", "G3", 20);
+}
+
+#[cfg(feature = "planted-bugs")]
+#[test]
+fn a_sweep_catches_an_uncertain_delivery_never_looked_at_again() {
+    caught_within("scan_never_rescheduled", "liveness", 20);
+}

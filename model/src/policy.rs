@@ -178,6 +178,9 @@ pub enum PlantedBug {
     ReserveAfterWrite,
     /// The send boundary hands the same write over again (breaks G2).
     WriteTwice,
+    /// The engine never schedules another look at an UNCERTAIN delivery (breaks liveness;
+    /// engine-level).
+    ScanNeverRescheduled,
     /// History scans cancel after 2 empty scans instead of SPEC's 3 (breaks G5).
     CancelEarly,
     /// The send boundary does not look at the recipient's activity again (breaks G3 when a

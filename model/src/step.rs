@@ -498,9 +498,7 @@ fn on_scan(record: Delivery, scan: ScanResult, now: Millis, policy: &Policy) -> 
             } else {
                 policy.history_scans_min
             };
-            if u.scans.empty >= scans_min
-                && now.since(first) >= policy.history_scan_span_ms
-            {
+            if u.scans.empty >= scans_min && now.since(first) >= policy.history_scan_span_ms {
                 done(u.never_delivered(now))
             } else {
                 done(u)

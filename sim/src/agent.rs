@@ -47,6 +47,9 @@ pub struct Received {
     /// Whether, at the moment it arrived, the store held a committed reservation for its
     /// request id with the write issued (G8, read from the database file by the recipient).
     pub reserved: bool,
+    /// The agent's last answer about its activity before the write arrived: a write after
+    /// "busy" (for the turn still running) or after an unreadable answer was sent blind.
+    pub last_answer: Option<&'static str>,
 }
 
 /// How a simulated recipient looks up, as a write arrives, whether the engine's store holds a
@@ -69,6 +72,12 @@ pub struct TurnRates {
     pub slow: f64,
     /// Chance per simulated minute that a person starts a turn of their own.
     pub person: f64,
+    /// Chance that a write fails with a server error before it is taken.
+    pub failed_write: f64,
+    /// Chance that an activity answer is unreadable (503).
+    pub unknown_activity: f64,
+    /// Chance that a person starts a turn right after an "idle" answer.
+    pub racing_turn: f64,
 }
 
 #[derive(Clone, Debug)]
@@ -96,6 +105,8 @@ pub struct AgentState {
     /// Each status (history) query answered: (when, request id, whether the request was
     /// found). The engine's history scans are among them.
     pub status_queries: Vec<(Duration, String, bool)>,
+    /// The last activity answer, and the turn it was about (its start), if busy.
+    last_answer: Option<(&'static str, Option<Duration>)>,
     /// Looks up each arriving write's reservation (none: every write counts as reserved).
     pub reservations: Option<ReservationCheck>,
     /// Trace lines: (virtual time, text).
@@ -117,6 +128,7 @@ impl AgentState {
             received: Vec::new(),
             ended: Vec::new(),
             status_queries: Vec::new(),
+            last_answer: None,
             reservations: None,
             trace: Vec::new(),
         }))
@@ -173,7 +185,29 @@ impl AgentState {
         match (req.method.as_str(), req.path.as_str()) {
             ("POST", "/turn") => self.write(req, now),
             ("GET", "/activity") => {
+                if self.chance(self.rates.unknown_activity) {
+                    self.last_answer = Some(("unknown", None));
+                    return (503, "{}".to_owned());
+                }
                 let status = if self.busy() { "busy" } else { "idle" };
+                self.last_answer = Some((status, self.turn.as_ref().map(|t| t.began_at)));
+                if !self.busy() && self.chance(self.rates.racing_turn) {
+                    // A person starts typing right after the engine looked.
+                    let len = Duration::from_secs(self.rng.random_range(20..300));
+                    self.turn = Some(Turn {
+                        request_id: None,
+                        began_at: now,
+                        ends_at: now + len,
+                        ending: Ending::Returned,
+                    });
+                    self.trace.push((
+                        now,
+                        format!(
+                            "person starts a turn of {}s right after answering idle",
+                            len.as_secs()
+                        ),
+                    ));
+                }
                 (200, json!({ "status": status }).to_string())
             }
             ("GET", path) if path.starts_with("/status/") => {
@@ -199,6 +233,14 @@ impl AgentState {
         let addressed_to = body["agent"].as_str().unwrap_or_default().to_owned();
         let busy_since = self.turn.as_ref().map(|t| t.began_at);
         let while_busy = busy_since.is_some();
+        // The last answer counts only while it is still about the same moment: "busy" about
+        // the turn still running, or "unknown".
+        let last_answer = match self.last_answer {
+            Some(("busy", began)) if began.is_some() && began == busy_since => Some("busy"),
+            Some(("unknown", _)) => Some("unknown"),
+            Some(("busy", _)) | None => None,
+            Some((a, _)) => Some(a),
+        };
         let reserved = self
             .reservations
             .as_ref()
@@ -211,7 +253,20 @@ impl AgentState {
             busy_since,
             taken: !refused,
             reserved,
+            last_answer,
         });
+        // A write starts a new exchange: the next write needs a new look.
+        self.last_answer = None;
+        if !refused && self.chance(self.rates.failed_write) {
+            if let Some(last) = self.received.last_mut() {
+                last.taken = false;
+            }
+            self.trace.push((
+                now,
+                format!("write {} failed (500), not taken", short(&request_id)),
+            ));
+            return (500, json!({ "error": "internal error" }).to_string());
+        }
         if refused {
             let why = if while_busy { "busy" } else { "refused" };
             self.trace

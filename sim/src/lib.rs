@@ -43,6 +43,17 @@ pub struct FaultPlan {
     pub held_link_rate: f64,
     /// Engine crashes (SIGKILL-like) during the run.
     pub engine_crashes: u32,
+    /// Chance, per simulated minute and agent, that requests from the engine to it are lost
+    /// for a while (writes that never land: the engine cannot tell, and must scan).
+    pub lost_request_rate: f64,
+    /// Chance that an agent fails a write with a server error before taking it (the engine
+    /// cannot tell whether it landed: UNCERTAIN, settled by history scans).
+    pub failed_write_rate: f64,
+    /// Chance that an agent's activity answer cannot be read (503): the engine must not write.
+    pub unknown_activity_rate: f64,
+    /// Chance that a person starts a turn right after the agent answered "idle" (between the
+    /// engine's first look and its write): the send boundary must see it.
+    pub racing_turn_rate: f64,
     /// Times a person re-registers an agent at another address (the spare host) for a
     /// while, then back (G1: nothing queued follows the agent to its new address).
     pub reregistrations: u32,
@@ -73,6 +84,8 @@ pub enum FaultKind {
     EngineCrash,
     /// The agent is re-registered at the spare host's address, and back after `for_`.
     Reregistered(usize),
+    /// Requests from the engine to this agent are lost (a one-way partition the other way).
+    LostRequests(usize),
 }
 
 impl FaultPlan {
@@ -105,6 +118,25 @@ impl FaultPlan {
         } else {
             rng.random_range(1..=2)
         };
+        let lost_request_rate = if rng.random_bool(0.5) {
+            0.0
+        } else {
+            (rng.random_range(0.0..0.05) * 1_000.0_f64).round() / 1_000.0
+        };
+        let failed_write_rate = if rng.random_bool(0.5) {
+            0.0
+        } else {
+            (rng.random_range(0.0..0.15) * 1_000.0_f64).round() / 1_000.0
+        };
+        let mut late_rate = |max: f64| {
+            if rng.random_bool(0.5) {
+                0.0
+            } else {
+                (rng.random_range(0.0..max) * 1_000.0_f64).round() / 1_000.0
+            }
+        };
+        let unknown_activity_rate = late_rate(0.1);
+        let racing_turn_rate = late_rate(0.1);
         FaultPlan {
             seed,
             lost_reply_rate,
@@ -117,6 +149,10 @@ impl FaultPlan {
             person_turn_rate,
             held_link_rate,
             engine_crashes,
+            lost_request_rate,
+            failed_write_rate,
+            unknown_activity_rate,
+            racing_turn_rate,
             reregistrations,
             agents,
             handoffs,
@@ -205,6 +241,21 @@ impl FaultPlan {
                 kind: FaultKind::Reregistered(rng.random_range(0..self.agents)),
             });
         }
+        if self.lost_request_rate > 0.0 {
+            for minute in 0..minutes {
+                for agent in 0..self.agents {
+                    if rng.random_bool(self.lost_request_rate.min(1.0)) {
+                        let at = Duration::from_secs(minute * 60) + secs(&mut rng, 0, 60);
+                        let for_ = secs(&mut rng, 5, 90);
+                        out.push(Fault {
+                            at,
+                            for_,
+                            kind: FaultKind::LostRequests(agent),
+                        });
+                    }
+                }
+            }
+        }
         out.sort_by_key(|f| f.at);
         out
     }
@@ -213,6 +264,10 @@ impl FaultPlan {
     pub fn is_calm(&self) -> bool {
         self.engine_crashes == 0
             && self.reregistrations == 0
+            && self.lost_request_rate == 0.0
+            && self.failed_write_rate == 0.0
+            && self.unknown_activity_rate == 0.0
+            && self.racing_turn_rate == 0.0
             && [
                 self.lost_reply_rate,
                 self.refusal_rate,
@@ -235,7 +290,7 @@ impl fmt::Display for FaultPlan {
             f,
             "seed {}: {} agents, {} handoffs; lost replies {:.3}, refusals {:.3}, errored turns {:.3}, \
              interrupted turns {:.3}, slow turns {:.3}, person turns {:.3}/min, held links {:.3}/min, \
-             agent outages {:.3}/min, provider outages {:.3}/min, engine crashes {}, re-registrations {}",
+             agent outages {:.3}/min, provider outages {:.3}/min, engine crashes {}, re-registrations {}, lost requests {:.3}/min, failed writes {:.3}, unknown activity {:.3}, racing turns {:.3}",
             self.seed,
             self.agents,
             self.handoffs,
@@ -249,7 +304,11 @@ impl fmt::Display for FaultPlan {
             self.agent_outage_rate,
             self.provider_outage_rate,
             self.engine_crashes,
-            self.reregistrations
+            self.reregistrations,
+            self.lost_request_rate,
+            self.failed_write_rate,
+            self.unknown_activity_rate,
+            self.racing_turn_rate
         )
     }
 }

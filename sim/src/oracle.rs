@@ -40,6 +40,8 @@ pub struct DeliveryRow {
     pub had_receipt: bool,
     /// UNAVAILABLE because its destination changed since it was queued.
     pub destination_changed: bool,
+    /// CANCELLED by history scans: how many empty scans, from the first to the last.
+    pub cancelled_by_scans: Option<(u32, Duration)>,
 }
 
 /// One line of the engine's event history about a delivery.
@@ -257,6 +259,21 @@ pub fn g3_never_interrupt(run: &Run) -> Verdict {
     let mut v = Verdict::new("G3", "never interrupt");
     for w in &run.writes {
         v.exercised += 1;
+        match w.write.last_answer {
+            Some("busy") => v.violations.push(format!(
+                "{} was sent {} at {} after it had answered that its turn was still running",
+                w.host,
+                short(&w.write.request_id),
+                hms(w.write.at)
+            )),
+            Some("unknown") => v.violations.push(format!(
+                "{} was sent {} at {} after its activity could not be read (written blind)",
+                w.host,
+                short(&w.write.request_id),
+                hms(w.write.at)
+            )),
+            _ => {}
+        }
         if let Some(since) = w.write.busy_since {
             if w.write.taken {
                 v.violations.push(format!(
@@ -425,6 +442,18 @@ pub fn g5_honest_release(run: &Run) -> Verdict {
         }
         if run.released.contains(&d.id) {
             continue;
+        }
+        if let Some((n, span)) = d.cancelled_by_scans
+            && (n < spec.history_scans_min
+                || span < Duration::from_millis(spec.history_scan_span_ms))
+        {
+            v.violations.push(format!(
+                "{} was cancelled after {n} empty history scans over {}s (SPEC: {} over {}s)",
+                short(&d.id),
+                span.as_secs(),
+                spec.history_scans_min,
+                spec.history_scan_span_ms / 1_000
+            ));
         }
         let misses: Vec<Duration> = run
             .status_queries

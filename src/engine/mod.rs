@@ -460,6 +460,7 @@ fn due_after(
                 .flatten()
                 .min()
         }
+        Delivery::Uncertain(_) if policy.planted(model::PlantedBug::ScanNeverRescheduled) => None,
         Delivery::Uncertain(_) => [deadline, soon(30_000)].into_iter().flatten().min(),
         _ => None,
     }

@@ -1,0 +1,123 @@
+//! G3 at the send boundary, as real processes: a person starts a turn right after the engine's
+//! first look at the recipient (between its reservation and its write). The engine looks again
+//! at the boundary and waits; the write goes out only once the person's turn is over. The
+//! recipient, an HTTP agent served here, logs any write that arrives during that turn.
+
+mod common;
+
+use common::World;
+use serde_json::Value;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The recipient's memory: when the person's turn runs, and what arrived during it.
+#[derive(Default)]
+struct Session {
+    person_until: Option<Instant>,
+    looks: usize,
+    interrupted: Vec<String>,
+    taken: Vec<String>,
+}
+
+/// Serves the command adapter's HTTP protocol: the first activity answer is "idle", and a
+/// person starts a turn of `turn` right after it.
+fn racing_recipient(turn: Duration) -> (String, Arc<Mutex<Session>>) {
+    let session: Arc<Mutex<Session>> = Arc::default();
+    let s = session.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let activity = s.clone();
+            let write = s.clone();
+            let status = s.clone();
+            let app = axum::Router::new()
+                .route(
+                    "/activity",
+                    axum::routing::get(move || {
+                        let mut s = activity.lock().unwrap();
+                        s.looks += 1;
+                        let busy = s.person_until.is_some_and(|u| Instant::now() < u);
+                        if s.looks == 1 {
+                            // Answer idle, then a person starts typing.
+                            s.person_until = Some(Instant::now() + turn);
+                        }
+                        let status = if busy { "busy" } else { "idle" };
+                        async move { axum::Json(serde_json::json!({ "status": status })) }
+                    }),
+                )
+                .route(
+                    "/",
+                    axum::routing::post(move |body: axum::Json<Value>| {
+                        let mut s = write.lock().unwrap();
+                        let req = body["request_id"].as_str().unwrap_or("?").to_owned();
+                        if s.person_until.is_some_and(|u| Instant::now() < u) {
+                            s.interrupted.push(req.clone());
+                        }
+                        s.taken.push(req);
+                        async move { "{}" }
+                    }),
+                )
+                .route(
+                    "/status/{request_id}",
+                    axum::routing::get(
+                        move |axum::extract::Path(req): axum::extract::Path<String>| {
+                            let known = status.lock().unwrap().taken.contains(&req);
+                            async move {
+                                if known {
+                                    (axum::http::StatusCode::OK, r#"{"status":"returned"}"#)
+                                } else {
+                                    (axum::http::StatusCode::NOT_FOUND, "{}")
+                                }
+                            }
+                        },
+                    ),
+                );
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            axum::serve(listener, app).await.unwrap();
+        });
+    });
+    let addr = rx.recv().expect("recipient address");
+    (format!("http://{addr}/"), session)
+}
+
+#[test]
+fn a_turn_that_starts_after_the_first_look_makes_the_write_wait() {
+    let w = World::new();
+    w.ok(&["agent", "add", "alice", "--provider", "demo"]);
+    let (url, session) = racing_recipient(Duration::from_millis(1_500));
+    w.ok(&[
+        "agent",
+        "add",
+        "bob",
+        "--provider",
+        "command",
+        "--set",
+        &format!("url={url}"),
+        "--set",
+        &format!("activity_url={url}activity"),
+        "--set",
+        &format!("status_url={url}status/{{request_id}}"),
+    ]);
+    let sent = w.json(&["send", "alice", "bob", "after the person's turn, please"]);
+    let id = sent["message"]["id"].as_str().unwrap().to_owned();
+    let _engine = w.spawn_engine();
+    w.wait_for(Duration::from_secs(20), |c| c.get("RETURNED") == Some(&1));
+    let s = session.lock().unwrap();
+    assert!(
+        s.interrupted.is_empty(),
+        "G3: the write {:?} arrived during the person's turn, which the recipient had reported busy at the send boundary",
+        s.interrupted
+    );
+    assert_eq!(s.taken.len(), 1, "one write");
+    assert!(s.looks >= 2, "the engine looked again at the send boundary");
+    let history = w.ok(&["status", &id]);
+    assert!(
+        history.contains("BUSY"),
+        "the delivery waited while the person's turn ran:\n{history}"
+    );
+}
