@@ -36,8 +36,10 @@ const FAULT_PHASE: Duration = Duration::from_secs(3_600);
 const SEND_WINDOW: Duration = Duration::from_secs(40 * 60);
 /// How long after healing every delivery has to settle.
 const SETTLE_LIMIT: Duration = Duration::from_secs(4 * 3_600);
-/// The simulation's step.
-const TICK: Duration = Duration::from_millis(250);
+/// The simulation's step: every message takes at least one (latencies are 1-40 ms), so a
+/// request and its answer take about a second of virtual time; half a second keeps the
+/// network realistic next to the engine's seconds-long timings and a seed cheap.
+const TICK: Duration = Duration::from_millis(500);
 /// How long after healing a person releases an UNCERTAIN delivery that once had a receipt
 /// (no scan can settle one; SPEC leaves it to a person who knows how it ended).
 const PERSON_RELEASES_AFTER: Duration = Duration::from_secs(30 * 60);
@@ -125,9 +127,8 @@ fn settings_at(host: &str) -> Vec<(String, Value)> {
 }
 
 /// The host an agent's registration addresses now (its `url`'s host).
-fn registered_host(agent: &crate::store::AgentRow) -> String {
-    agent
-        .settings
+fn registered_host(settings: &Value) -> String {
+    settings
         .get("url")
         .and_then(Value::as_str)
         .and_then(|u| u.strip_prefix("http://"))
@@ -136,8 +137,19 @@ fn registered_host(agent: &crate::store::AgentRow) -> String {
         .to_owned()
 }
 
+/// Whether a reservation of request `?1` was committed: the delivery holds it as its current
+/// request id, SENDING with the write issued or past it (a write delayed on the way may
+/// arrive after the engine gave up on it), or among its earlier request ids. A pending record
+/// with that id (WAITING, BUSY, OWNER_REJECTED…) has no reservation for the attempt.
+const RESERVED_SQL: &str = "SELECT count(*) FROM deliveries WHERE
+    (json_extract(record, '$.core.request_id') = ?1 AND (
+        (state = 'SENDING' AND json_extract(record, '$.issued_at') IS NOT NULL)
+        OR state IN ('UNCERTAIN', 'ACCEPTED', 'RUNNING', 'RETURNED', 'FAILED', 'CANCELLED',
+                     'ACKNOWLEDGED')))
+    OR EXISTS (SELECT 1 FROM json_each(record, '$.core.earlier_request_ids') WHERE value = ?1)";
+
 /// What a recipient does as a write arrives (G8): reads the database file, over its own
-/// connection, for a committed reservation of that request id with its write issued.
+/// connection, for a committed reservation of that request id.
 fn reservation_check(db: &Path) -> Result<sim::agent::ReservationCheck, String> {
     let conn =
         rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
@@ -148,14 +160,8 @@ fn reservation_check(db: &Path) -> Result<sim::agent::ReservationCheck, String> 
             let conn = conn
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            conn.query_row(
-                "SELECT count(*) FROM deliveries WHERE state = 'SENDING'
-               AND json_extract(record, '$.core.request_id') = ?1
-               AND json_extract(record, '$.issued_at') IS NOT NULL",
-                [request_id],
-                |r| r.get::<_, i64>(0),
-            )
-            .is_ok_and(|n| n > 0)
+            conn.query_row(RESERVED_SQL, [request_id], |r| r.get::<_, i64>(0))
+                .is_ok_and(|n| n > 0)
         },
     )))
 }
@@ -580,7 +586,7 @@ fn heal(
                 .filter(|n| {
                     agents
                         .iter()
-                        .any(|a| &a.id == *n && registered_host(a) != n.as_str())
+                        .any(|a| &a.id == *n && registered_host(&a.settings) != n.as_str())
                 })
                 .collect()
         })
@@ -631,7 +637,7 @@ async fn driver(
         let host = svc
             .store
             .read(|tx| tx.agent(&names[to]))?
-            .map(|a| registered_host(&a))
+            .map(|a| registered_host(&a.settings))
             .unwrap_or_default();
         match svc.send(&names[from], &names[to], &body, title.as_deref(), due, None) {
             Ok(s) => {
@@ -882,6 +888,18 @@ fn gather(
             .windows
             .clone(),
         released: released.clone(),
+        registered: {
+            let mut st = c.prepare("SELECT id, settings FROM agents").map_err(err)?;
+            st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+                .and_then(Iterator::collect::<rusqlite::Result<Vec<_>>>)
+                .map_err(err)?
+                .into_iter()
+                .map(|(id, settings)| {
+                    let settings = serde_json::from_str(&settings).unwrap_or(Value::Null);
+                    (id, registered_host(&settings))
+                })
+                .collect()
+        },
         healed_at,
         end,
     })

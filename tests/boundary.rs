@@ -8,20 +8,21 @@ mod common;
 use common::World;
 use serde_json::Value;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// The recipient's memory: when the person's turn runs, and what arrived during it.
+/// The recipient's memory: whether the person's turn runs, and what arrived during it.
 #[derive(Default)]
 struct Session {
-    person_until: Option<Instant>,
+    person_typing: bool,
     looks: usize,
     interrupted: Vec<String>,
     taken: Vec<String>,
 }
 
 /// Serves the command adapter's HTTP protocol: the first activity answer is "idle", and a
-/// person starts a turn of `turn` right after it.
-fn racing_recipient(turn: Duration) -> (String, Arc<Mutex<Session>>) {
+/// person starts a turn right after it; the turn ends only once the engine has been told
+/// "busy" `busy_looks` times, so the outcome never depends on timing.
+fn racing_recipient(busy_looks: usize) -> (String, Arc<Mutex<Session>>) {
     let session: Arc<Mutex<Session>> = Arc::default();
     let s = session.clone();
     let (tx, rx) = std::sync::mpsc::channel();
@@ -40,10 +41,13 @@ fn racing_recipient(turn: Duration) -> (String, Arc<Mutex<Session>>) {
                     axum::routing::get(move || {
                         let mut s = activity.lock().unwrap();
                         s.looks += 1;
-                        let busy = s.person_until.is_some_and(|u| Instant::now() < u);
+                        let busy = s.person_typing;
                         if s.looks == 1 {
                             // Answer idle, then a person starts typing.
-                            s.person_until = Some(Instant::now() + turn);
+                            s.person_typing = true;
+                        } else if s.looks > busy_looks {
+                            // Told busy enough times: the person's turn ends after this answer.
+                            s.person_typing = false;
                         }
                         let status = if busy { "busy" } else { "idle" };
                         async move { axum::Json(serde_json::json!({ "status": status })) }
@@ -54,7 +58,7 @@ fn racing_recipient(turn: Duration) -> (String, Arc<Mutex<Session>>) {
                     axum::routing::post(move |body: axum::Json<Value>| {
                         let mut s = write.lock().unwrap();
                         let req = body["request_id"].as_str().unwrap_or("?").to_owned();
-                        if s.person_until.is_some_and(|u| Instant::now() < u) {
+                        if s.person_typing {
                             s.interrupted.push(req.clone());
                         }
                         s.taken.push(req);
@@ -89,7 +93,7 @@ fn racing_recipient(turn: Duration) -> (String, Arc<Mutex<Session>>) {
 fn a_turn_that_starts_after_the_first_look_makes_the_write_wait() {
     let w = World::new();
     w.ok(&["agent", "add", "alice", "--provider", "demo"]);
-    let (url, session) = racing_recipient(Duration::from_millis(1_500));
+    let (url, session) = racing_recipient(3);
     w.ok(&[
         "agent",
         "add",

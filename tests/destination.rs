@@ -99,10 +99,21 @@ fn an_upgraded_database_freezes_the_route_its_queued_deliveries_were_sent_for() 
     {
         let conn = rusqlite::Connection::open(&w.db).unwrap();
         conn.execute_batch(
-            "UPDATE deliveries SET record = json_remove(record, '$.target.route');
+            "UPDATE deliveries SET record = json_remove(record, '$.core.target.route');
              PRAGMA user_version = 2;",
         )
         .unwrap();
+    }
+    {
+        let conn = rusqlite::Connection::open(&w.db).unwrap();
+        let stripped: Option<String> = conn
+            .query_row(
+                "SELECT json_extract(record, '$.core.target.route') FROM deliveries",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(stripped, None, "the test made an old record");
     }
     let status = w.json(&["status", &id]);
     let route = &status["record"]["core"]["target"]["route"];

@@ -36,11 +36,19 @@ async fn overdue_work_reminds_its_sender_exactly_once_without_waking_anyone() {
         .send("lead", "dev", "ship it", Some("Ship"), Some(5), None)
         .unwrap();
     let mut engine = Engine::new(s, false).unwrap();
+    // A planted bug reaches this in-process engine the way HANDOFFS_POLICY reaches a process.
+    if let Ok(p) = std::env::var("HANDOFFS_TEST_POLICY") {
+        engine = engine.with_policy(serde_json::from_str(&p).expect("HANDOFFS_TEST_POLICY"));
+    }
     engine.pass().await;
     clock.fetch_add(4 * 60_000, Ordering::SeqCst);
     assert_eq!(engine.pass().await.reminders, 0, "not due yet");
     clock.fetch_add(2 * 60_000, Ordering::SeqCst);
-    assert_eq!(engine.pass().await.reminders, 1);
+    assert_eq!(
+        engine.pass().await.reminders,
+        1,
+        "G7: overdue work reminds its sender once, at its due time"
+    );
     clock.fetch_add(60 * 60_000, Ordering::SeqCst);
     assert_eq!(engine.pass().await.reminders, 0, "exactly once");
     let inbox = engine.service().inbox("lead", true, 10).unwrap();

@@ -99,3 +99,15 @@ fn a_sweep_catches_unknown_activity_taken_for_idle() {
 fn a_sweep_catches_an_uncertain_delivery_never_looked_at_again() {
     caught_within("scan_never_rescheduled", "liveness", 20);
 }
+
+#[cfg(feature = "planted-bugs")]
+#[test]
+fn a_sweep_catches_an_attempt_spent_during_an_outage() {
+    caught_within("ignore_outage", "G6", 20);
+}
+
+#[cfg(feature = "planted-bugs")]
+#[test]
+fn a_sweep_catches_overdue_work_never_reminded() {
+    caught_within("no_reminder", "G7", 20);
+}

@@ -178,6 +178,10 @@ pub enum PlantedBug {
     ReserveAfterWrite,
     /// The send boundary hands the same write over again (breaks G2).
     WriteTwice,
+    /// An outage the guard reports is ignored: attempts are spent during it (breaks G6).
+    IgnoreOutage,
+    /// Overdue work never reminds its sender (breaks G7; engine-level).
+    NoReminder,
     /// The engine never schedules another look at an UNCERTAIN delivery (breaks liveness;
     /// engine-level).
     ScanNeverRescheduled,

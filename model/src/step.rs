@@ -199,7 +199,11 @@ where
         return done(p.wait(WaitingReason::NeedsRunningEngine, now));
     }
     // 6. An outage: the state stays, the reason goes in the detail, no attempt is spent.
-    if let Some(outage) = &facts.outage {
+    if let Some(outage) = facts
+        .outage
+        .as_ref()
+        .filter(|_| !policy.planted(PlantedBug::IgnoreOutage))
+    {
         p.core_mut().note = Some(format!("provider outage: {outage}; no attempt spent"));
         return done(p);
     }

@@ -42,8 +42,11 @@ pub struct Received {
     /// such a write (its own check and the write are one step), but an engine that checked
     /// the session just before could not have known only if the turn began moments ago.
     pub busy_since: Option<Duration>,
-    /// Whether the agent took it (false: refused).
+    /// Whether the agent took it (false: refused, or failed).
     pub taken: bool,
+    /// The HTTP status it answered: 200 taken, 409 refused (busy or not now), 500 failed
+    /// before it was taken (the engine cannot tell whether it landed).
+    pub status: u16,
     /// Whether, at the moment it arrived, the store held a committed reservation for its
     /// request id with the write issued (G8, read from the database file by the recipient).
     pub reserved: bool,
@@ -252,6 +255,7 @@ impl AgentState {
             at: now,
             busy_since,
             taken: !refused,
+            status: if refused { 409 } else { 200 },
             reserved,
             last_answer,
         });
@@ -260,6 +264,7 @@ impl AgentState {
         if !refused && self.chance(self.rates.failed_write) {
             if let Some(last) = self.received.last_mut() {
                 last.taken = false;
+                last.status = 500;
             }
             self.trace.push((
                 now,

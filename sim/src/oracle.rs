@@ -97,6 +97,8 @@ pub struct Run {
     pub outages: Vec<(Duration, Option<Duration>)>,
     /// Deliveries a person released.
     pub released: BTreeSet<String>,
+    /// Where each agent is registered at the end (its host).
+    pub registered: BTreeMap<String, String>,
     pub healed_at: Option<Duration>,
     pub end: Duration,
 }
@@ -231,7 +233,9 @@ pub fn g2_one_write_per_attempt(run: &Run) -> Verdict {
                 short(rid)
             ));
         }
-        let again_after_taken = got.windows(2).any(|p| p[0].write.taken);
+        // Only an explicit refusal (409) allows the same request id again; a write taken, or
+        // failed with a server error (it may have landed), never.
+        let again_after_taken = got.windows(2).any(|p| p[0].write.status != 409);
         if again_after_taken || got.len() > per_id {
             v.violations.push(format!(
                 "request {} was written {} times ({})",
@@ -395,7 +399,6 @@ pub fn g4_bounded_resend(run: &Run) -> Verdict {
         }
     }
     for e in run.events.iter().filter(|e| e.kind == "state") {
-        v.exercised += 1;
         let Some((from, to)) = moved(e) else {
             v.violations
                 .push(format!("an unreadable state event: {:?}", e.detail));
@@ -427,6 +430,10 @@ pub fn g5_honest_release(run: &Run) -> Verdict {
         let Some(current) = d.request_ids.last() else {
             continue;
         };
+        if run.released.contains(&d.id) {
+            // A person who knew how it ended released it (SPEC §2.4): whatever was taken.
+            continue;
+        }
         if let Some(w) = run
             .writes
             .iter()
@@ -439,9 +446,6 @@ pub fn g5_honest_release(run: &Run) -> Verdict {
                 short(current),
                 hms(w.write.at)
             ));
-        }
-        if run.released.contains(&d.id) {
-            continue;
         }
         if let Some((n, span)) = d.cancelled_by_scans
             && (n < spec.history_scans_min
@@ -482,15 +486,18 @@ pub fn g5_honest_release(run: &Run) -> Verdict {
 /// G6: no attempt is reserved while the outage guard must have seen an outage.
 pub fn g6_outages_hold(run: &Run) -> Verdict {
     let mut v = Verdict::new("G6", "outages hold");
+    // Exercised: each time the guard held a delivery back (its note in the history).
+    v.exercised = run
+        .events
+        .iter()
+        .filter(|e| e.kind == "note" && e.detail.contains("provider outage"))
+        .count();
     for e in run.events.iter().filter(|e| e.kind == "state") {
         let Some((_, "SENDING")) = moved(e) else {
             continue;
         };
         for (from, until) in &run.outages {
             let seen = *from + GUARD_LAG;
-            if until.is_none_or(|u| u > seen) {
-                v.exercised += 1;
-            }
             if e.at > seen && until.is_none_or(|u| e.at < u) {
                 v.violations.push(format!(
                     "{} was reserved at {} during the outage from {}",
@@ -513,20 +520,29 @@ pub fn g7_deadlines(run: &Run) -> Verdict {
             continue; // not judgeable within this run
         }
         v.exercised += 1;
-        let open_at_due = w.returned_at.is_none_or(|r| r > w.due_at);
-        match (open_at_due, w.reminders.as_slice()) {
-            (true, [at]) if *at <= w.due_at + REMINDER_LAG && *at >= w.due_at => {}
-            (true, [at]) => v.violations.push(format!(
+        // Open past its due time and the lag: exactly one reminder, in time. Returned before
+        // its due time: none. Returned within the lag: at most one.
+        let open_past_lag = w.returned_at.is_none_or(|r| r > w.due_at + REMINDER_LAG);
+        let returned_before_due = w.returned_at.is_some_and(|r| r <= w.due_at);
+        match (open_past_lag, returned_before_due, w.reminders.as_slice()) {
+            (_, false, [at]) if *at <= w.due_at + REMINDER_LAG && *at >= w.due_at => {}
+            (false, _, []) => {}
+            (_, _, [at]) => v.violations.push(format!(
                 "work {} due at {} was reminded at {}",
                 short(&w.id),
                 hms(w.due_at),
                 hms(*at)
             )),
-            (false, []) => {}
-            (_, r) => v.violations.push(format!(
-                "work {} ({} at its due time) has {} reminders",
+            (_, _, r) => v.violations.push(format!(
+                "work {} ({}) has {} reminders",
                 short(&w.id),
-                if open_at_due { "open" } else { "returned" },
+                if open_past_lag {
+                    "open past its due time"
+                } else if returned_before_due {
+                    "returned before its due time"
+                } else {
+                    "returned just after its due time"
+                },
                 r.len()
             )),
         }
@@ -586,9 +602,25 @@ pub fn liveness(run: &Run, bound: Duration) -> Verdict {
         v.violations
             .push("the run ended before every fault healed".to_owned());
     }
+    let queued: BTreeMap<&str, &str> = run
+        .sent
+        .iter()
+        .map(|s| (s.id.as_str(), s.host.as_str()))
+        .collect();
     for d in &run.deliveries {
         v.exercised += 1;
-        if !settled(d) {
+        // UNAVAILABLE for a changed destination holds only while it still differs.
+        let stale = d.destination_changed
+            && queued
+                .get(d.id.as_str())
+                .is_some_and(|q| run.registered.get(&d.recipient).map(String::as_str) == Some(*q));
+        if stale {
+            v.violations.push(format!(
+                "{} is still UNAVAILABLE though {} is registered where it was queued again",
+                short(&d.id),
+                d.recipient
+            ));
+        } else if !settled(d) {
             v.violations.push(format!(
                 "{} is still {} {} after every fault healed",
                 short(&d.id),

@@ -368,6 +368,7 @@ impl Engine {
     /// non-waking notification).
     fn housekeeping(&mut self) -> Result<(usize, usize), ServiceError> {
         let now = self.now();
+        let policy = self.ctx.policy.clone();
         self.service.borrow_mut().store.write(|tx| {
             let after = service::enabled_after(tx)?;
             let mut enrolled = 0;
@@ -377,7 +378,12 @@ impl Engine {
                 }
             }
             let mut reminders = 0;
-            for mut w in tx.overdue_unreminded(millis(now))? {
+            let overdue = if policy.planted(model::PlantedBug::NoReminder) {
+                Vec::new()
+            } else {
+                tx.overdue_unreminded(millis(now))?
+            };
+            for mut w in overdue {
                 let body = format!(
                     "Reminder: the work \"{}\" you gave to {} is past its due time and has not been returned.",
                     w.title, w.recipient
@@ -461,7 +467,19 @@ fn due_after(
                 .min()
         }
         Delivery::Uncertain(_) if policy.planted(model::PlantedBug::ScanNeverRescheduled) => None,
-        Delivery::Uncertain(_) => [deadline, soon(30_000)].into_iter().flatten().min(),
+        // A scan deadline already past (never scanned yet) is due at once only the first
+        // time; a pass that could not scan (the agent is gone) backs off instead of spinning.
+        Delivery::Uncertain(_) => {
+            let floor = millis(now.plus_ms((waited / 10).clamp(1_000, 30_000)));
+            let scan = deadline.map(|d| {
+                if d <= millis(now) && waited > 0 {
+                    floor
+                } else {
+                    d
+                }
+            });
+            [scan, soon(30_000)].into_iter().flatten().min()
+        }
         _ => None,
     }
 }

@@ -458,7 +458,12 @@ impl Service {
             // G1: queued deliveries keep the destination they were queued for.
             let mut changed = Vec::new();
             let mut stranded = 0;
-            if let Some(new) = target_of(&row) {
+            let old = existing.as_ref().and_then(target_of);
+            let moved = match (&old, target_of(&row)) {
+                (Some(old), Some(new)) if !old.same_destination(&new) => Some(new),
+                _ => None,
+            };
+            if let Some(new) = moved {
                 for d in tx.pending_for(id)? {
                     let c = d.record.core().target().changes(&new);
                     if !c.is_empty() {

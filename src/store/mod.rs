@@ -315,7 +315,7 @@ fn fill_routes(tx: &rusqlite::Transaction<'_>) -> Result<()> {
     {
         let mut st = tx.prepare(
             "SELECT d.message_id, d.record, a.settings FROM deliveries d
-             JOIN agents a ON a.id = d.recipient WHERE d.class != 'terminal'",
+             JOIN agents a ON a.id = d.recipient",
         )?;
         let mut q = st.query([])?;
         while let Some(r) = q.next()? {
@@ -333,7 +333,10 @@ fn fill_routes(tx: &rusqlite::Transaction<'_>) -> Result<()> {
         let Ok(mut value) = serde_json::from_str::<Value>(&record) else {
             continue;
         };
-        let Some(target) = value.get_mut("target").and_then(Value::as_object_mut) else {
+        let Some(target) = value
+            .pointer_mut("/core/target")
+            .and_then(Value::as_object_mut)
+        else {
             continue;
         };
         if target.contains_key("route") {

@@ -415,6 +415,16 @@ fn cancelling_after_two_scans_is_caught_by_g5() {
 }
 
 #[test]
+fn spending_an_attempt_during_an_outage_is_caught_by_g6() {
+    let broken = Policy {
+        planted_bug: Some(PlantedBug::IgnoreOutage),
+        ..Policy::default()
+    };
+    let path = counterexample(holds(broken), p::G6);
+    assert!(path.contains("OutageStarts"));
+}
+
+#[test]
 fn resolving_the_destination_at_write_time_is_caught_by_g1() {
     let broken = Policy {
         planted_bug: Some(PlantedBug::ResolveAtWrite),

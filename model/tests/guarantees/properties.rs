@@ -15,10 +15,11 @@ fn spec() -> Policy {
 /// Every write reached the destination the recipient was registered at when its message was
 /// sent: read from the world (where the write landed, where the agent was), not the record.
 pub fn g1_exact_recipient(_: &World, s: &State) -> bool {
-    s.ghost
-        .writes
-        .iter()
-        .all(|w| s.ghost.queued_for[w.msg as usize] == Some(w.landed_at))
+    !s.ghost.issued_to_moved_agent
+        && s.ghost
+            .writes
+            .iter()
+            .all(|w| s.ghost.queued_for[w.msg as usize] == Some(w.landed_at))
 }
 
 pub fn g2_one_write_per_attempt(_: &World, s: &State) -> bool {

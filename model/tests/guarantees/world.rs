@@ -195,6 +195,9 @@ pub struct Ghost {
     pub issued_resend_of_done_work: bool,
     /// A write was issued while the recipient's activity could not be verified.
     pub issued_while_unknown: bool,
+    /// A write was issued although the agent's registration (its whole destination) no
+    /// longer matched the one its message was sent to.
+    pub issued_to_moved_agent: bool,
     /// Request ids whose write was lost on the way.
     pub lost_writes: Vec<RequestId>,
     /// The destination the recipient was registered at when each message was sent.
@@ -503,6 +506,9 @@ impl World {
         if effects.iter().any(|e| matches!(e, Effect::Write { .. })) {
             if s.agent_down {
                 s.ghost.issued_while_unknown = true;
+            }
+            if s.ghost.queued_for[k] != Some(s.dest) {
+                s.ghost.issued_to_moved_agent = true;
             }
             let is_resend = s.store[k]
                 .as_ref()
