@@ -16,7 +16,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::{Value, json};
 use sim::agent::{Agent, AgentState, TurnRates, short};
-use sim::oracle;
+use sim::oracle::{self, hms};
 use sim::status::{Page, StatusPage};
 use sim::{FaultKind, FaultPlan};
 use std::collections::{BTreeMap, BTreeSet};
@@ -191,17 +191,6 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
-}
-
-fn hms(d: Duration) -> String {
-    let ms = d.as_millis();
-    format!(
-        "{}:{:02}:{:02}.{:03}",
-        ms / 3_600_000,
-        ms / 60_000 % 60,
-        ms / 1_000 % 60,
-        ms % 1_000
-    )
 }
 
 /// Runs one seed. `policy` is the engine's (the default, or one with a planted bug).

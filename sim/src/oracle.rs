@@ -150,7 +150,8 @@ impl Verdict {
     }
 }
 
-fn hms(d: Duration) -> String {
+/// A virtual time as `h:mm:ss.mmm`.
+pub fn hms(d: Duration) -> String {
     let ms = d.as_millis();
     format!(
         "{}:{:02}:{:02}.{:03}",
@@ -172,6 +173,14 @@ fn owners(run: &Run) -> BTreeMap<&str, &DeliveryRow> {
     out
 }
 
+/// The host each handoff's recipient was registered at when it was sent.
+fn queued_at(run: &Run) -> BTreeMap<&str, &str> {
+    run.sent
+        .iter()
+        .map(|s| (s.id.as_str(), s.host.as_str()))
+        .collect()
+}
+
 /// A state event's `FROM → TO: …` parts.
 fn moved(e: &EventRow) -> Option<(&str, &str)> {
     let (from, rest) = e.detail.split_once(" → ")?;
@@ -186,11 +195,7 @@ const ACTIVE: [&str; 4] = ["SENDING", "UNCERTAIN", "ACCEPTED", "RUNNING"];
 pub fn g1_exact_recipient(run: &Run) -> Verdict {
     let mut v = Verdict::new("G1", "exact recipient");
     let owners = owners(run);
-    let queued: BTreeMap<&str, &str> = run
-        .sent
-        .iter()
-        .map(|s| (s.id.as_str(), s.host.as_str()))
-        .collect();
+    let queued = queued_at(run);
     for w in &run.writes {
         let Some(d) = owners.get(w.write.request_id.as_str()) else {
             continue; // G2 judges writes that belong to no delivery
@@ -602,11 +607,7 @@ pub fn liveness(run: &Run, bound: Duration) -> Verdict {
         v.violations
             .push("the run ended before every fault healed".to_owned());
     }
-    let queued: BTreeMap<&str, &str> = run
-        .sent
-        .iter()
-        .map(|s| (s.id.as_str(), s.host.as_str()))
-        .collect();
+    let queued = queued_at(run);
     for d in &run.deliveries {
         v.exercised += 1;
         // UNAVAILABLE for a changed destination holds only while it still differs.
