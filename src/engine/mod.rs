@@ -453,10 +453,10 @@ fn due_after(
             BusyReason::RecipientInTurn { .. } => backoff(500, 15_000),
         },
         Delivery::Held(_) | Delivery::Unavailable(_) => backoff(5_000, 60_000),
-        Delivery::OwnerRejected(_) => soon(0),
+        // Its one retry goes at once on the move (see `apply`); a pass that left it here (an
+        // outage, say) waits like a queued one.
+        Delivery::OwnerRejected(_) => backoff(1_000, 15_000),
         Delivery::Sending(_) | Delivery::Failed(_) => deadline,
-        // Just accepted: observe at once (a short turn may already be over).
-        Delivery::Accepted(a) if a.core().since() == now => soon(0),
         // Never less often than four times within the unobserved limit, so a turn that can
         // be observed is never taken for one that cannot.
         Delivery::Accepted(_) | Delivery::Running(_) => {
@@ -558,7 +558,20 @@ fn apply(
         if matches!(step.change, Change::Ignored { .. }) {
             return Ok((step.record, step.effects, agent, None));
         }
-        let due = due_after(policy, &step.record, agent.as_ref(), now);
+        // Just accepted: observe at once (a short turn may already be over); just refused
+        // once: the one retry goes at once. Only on the move itself: a look that changed nothing waits its interval, even within the same
+        // millisecond (the simulation's clock stands still while a host runs).
+        let due = if matches!(
+            step.change,
+            Change::Moved {
+                to: model::StateKind::Accepted | model::StateKind::OwnerRejected,
+                ..
+            }
+        ) {
+            Some(millis(now))
+        } else {
+            due_after(policy, &step.record, agent.as_ref(), now)
+        };
         if step.change == Change::Unchanged {
             // Nothing to record, but look again later rather than at once.
             if step.effects.is_empty() && row.due_at.is_some_and(|d| d <= millis(now)) {
