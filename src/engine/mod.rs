@@ -447,15 +447,14 @@ fn due_after(
     let observe = agent.map_or(1_000, Adapters::observe_interval_ms);
     let deadline = record.next_deadline(policy).map(millis);
     match record {
-        Delivery::Waiting(_) => backoff(1_000, 15_000),
+        // A queued delivery a pass left queued (an outage, a one-shot tick), and one refused
+        // once that a pass left there: its one retry goes at once on the move (see `apply`).
+        Delivery::Waiting(_) | Delivery::OwnerRejected(_) => backoff(1_000, 15_000),
         Delivery::Busy(b) => match b.reason() {
             BusyReason::EarlierDelivery { .. } => soon(30_000),
             BusyReason::RecipientInTurn { .. } => backoff(500, 15_000),
         },
         Delivery::Held(_) | Delivery::Unavailable(_) => backoff(5_000, 60_000),
-        // Its one retry goes at once on the move (see `apply`); a pass that left it here (an
-        // outage, say) waits like a queued one.
-        Delivery::OwnerRejected(_) => backoff(1_000, 15_000),
         Delivery::Sending(_) | Delivery::Failed(_) => deadline,
         // Never less often than four times within the unobserved limit, so a turn that can
         // be observed is never taken for one that cannot.
