@@ -13,3 +13,10 @@ pub mod simulate;
 pub mod store;
 
 pub use model;
+
+/// Whether a test build was asked to plant the bug `name` (`HANDOFFS_PLANT=a,b`), so a check
+/// can show it fails; always false in a build without the `planted-bugs` feature.
+pub fn planted(name: &str) -> bool {
+    cfg!(feature = "planted-bugs")
+        && std::env::var("HANDOFFS_PLANT").is_ok_and(|v| v.split(',').any(|p| p == name))
+}

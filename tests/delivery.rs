@@ -234,3 +234,67 @@ fn a_command_that_outlives_its_killed_supervisor_keeps_its_recipient_busy() {
     assert_no_overlap(&runs);
     assert_one_run_per_request(&runs);
 }
+
+#[test]
+fn sends_killed_at_any_moment_leave_each_message_whole_with_its_delivery_or_absent() {
+    let w = World::new();
+    w.ok(&["agent", "add", "planner", "--provider", "demo"]);
+    w.ok(&["agent", "add", "dev", "--provider", "demo"]);
+    let mut reported = Vec::new();
+    for k in 0..60u64 {
+        let mut child = w
+            .cmd()
+            .args([
+                "--json",
+                "send",
+                "planner",
+                "dev",
+                &format!("killed send {k}"),
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn send");
+        std::thread::sleep(Duration::from_millis((k * 7) % 70));
+        let finished = matches!(child.try_wait(), Ok(Some(s)) if s.success());
+        let _ = child.kill();
+        let out = child.wait_with_output().expect("send output");
+        if finished {
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("send JSON");
+            reported.push(v["message"]["id"].as_str().unwrap().to_owned());
+        }
+    }
+    // No engine ran: what the sends left is exactly what they committed.
+    let conn = rusqlite::Connection::open(&w.db).unwrap();
+    let orphans: Vec<String> = conn
+        .prepare(
+            "SELECT m.id FROM messages m LEFT JOIN deliveries d ON d.message_id = m.id
+             WHERE m.intent = 'handoff' AND d.message_id IS NULL",
+        )
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert!(
+        orphans.is_empty(),
+        "G8: message {orphans:?} exists without its delivery after its send was killed"
+    );
+    for id in &reported {
+        let n: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM deliveries WHERE message_id = ?1",
+                [id],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(
+            n, 1,
+            "G8: send reported success for {id}, but it has no delivery"
+        );
+    }
+    eprintln!(
+        "60 sends killed at moments 0-70 ms; {} had reported success",
+        reported.len()
+    );
+}

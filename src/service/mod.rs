@@ -598,7 +598,11 @@ impl Service {
         }
         let now = self.now();
         let hash = body_hash(body);
-        self.store.write(|tx| {
+        // The planted bug `enrol_after_commit` (G8): the message is committed first and its
+        // delivery in a second transaction, so a send killed in between leaves a message
+        // that no delivery will ever carry until the engine's housekeeping finds it.
+        let enrol_late = crate::planted("enrol_after_commit");
+        let sent = self.store.write(|tx| {
             for id in [from, to] {
                 if tx.agent(id)?.is_none() {
                     return Err(ServiceError::NotFound(format!(
@@ -663,7 +667,7 @@ impl Service {
             }
             let what = if title.is_some() { "work" } else { "handoff" };
             tx.event(millis(now), Some(&id), "sent", &format!("{what} {from} → {to}"))?;
-            let delivery_state = if millis(now) >= enabled_after(tx)? {
+            let delivery_state = if !enrol_late && millis(now) >= enabled_after(tx)? {
                 enrol(tx, &message, now)?
             } else {
                 None
@@ -673,7 +677,17 @@ impl Service {
                 created: true,
                 delivery_state,
             })
-        })
+        })?;
+        if enrol_late && sent.created {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            let message = sent.message.clone();
+            let delivery_state = self.store.write(|tx| enrol(tx, &message, now))?;
+            return Ok(Sent {
+                delivery_state,
+                ..sent
+            });
+        }
+        Ok(sent)
     }
 
     /// Resolves an id or a unique prefix of ≥ 6 characters.
