@@ -360,11 +360,16 @@ pub fn http_recipient(log: PathBuf, db: Option<PathBuf>) -> String {
                                 .append(true)
                                 .open(&*path)
                                 .unwrap();
+                            // One write of the whole text: the scripts append to the same
+                            // log, and O_APPEND keeps only single writes whole.
+                            let mut text = String::new();
                             if !reserved {
-                                writeln!(f, "unreserved {req}").unwrap();
+                                text.push_str(&format!("unreserved {req}\n"));
                             }
-                            writeln!(f, "start {req} {ns} {agent}\nend {req} {ns} {agent}")
-                                .unwrap();
+                            text.push_str(&format!(
+                                "start {req} {ns} {agent}\nend {req} {ns} {agent}\n"
+                            ));
+                            f.write_all(text.as_bytes()).unwrap();
                             "{}"
                         }
                     }),
