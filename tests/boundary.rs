@@ -15,7 +15,10 @@ use std::time::Duration;
 struct Session {
     person_typing: bool,
     looks: usize,
+    /// The last activity answer could not be read (503).
+    unreadable: bool,
     interrupted: Vec<String>,
+    blind: Vec<String>,
     taken: Vec<String>,
 }
 
@@ -23,6 +26,12 @@ struct Session {
 /// person starts a turn right after it; the turn ends only once the engine has been told
 /// "busy" `busy_looks` times, so the outcome never depends on timing.
 fn racing_recipient(busy_looks: usize) -> (String, Arc<Mutex<Session>>) {
+    recipient(0, busy_looks)
+}
+
+/// The first `unreadable_looks` activity answers are 503 (the activity cannot be verified);
+/// after them, as `racing_recipient` with `busy_looks` (0: never busy).
+fn recipient(unreadable_looks: usize, busy_looks: usize) -> (String, Arc<Mutex<Session>>) {
     let session: Arc<Mutex<Session>> = Arc::default();
     let s = session.clone();
     let (tx, rx) = std::sync::mpsc::channel();
@@ -41,16 +50,28 @@ fn racing_recipient(busy_looks: usize) -> (String, Arc<Mutex<Session>>) {
                     axum::routing::get(move || {
                         let mut s = activity.lock().unwrap();
                         s.looks += 1;
+                        if s.looks <= unreadable_looks {
+                            s.unreadable = true;
+                            return std::future::ready((
+                                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                                axum::Json(serde_json::json!({})),
+                            ));
+                        }
+                        s.unreadable = false;
+                        let look = s.looks - unreadable_looks;
                         let busy = s.person_typing;
-                        if s.looks == 1 {
+                        if look == 1 && busy_looks > 0 {
                             // Answer idle, then a person starts typing.
                             s.person_typing = true;
-                        } else if s.looks > busy_looks {
+                        } else if look > busy_looks {
                             // Told busy enough times: the person's turn ends after this answer.
                             s.person_typing = false;
                         }
                         let status = if busy { "busy" } else { "idle" };
-                        async move { axum::Json(serde_json::json!({ "status": status })) }
+                        std::future::ready((
+                            axum::http::StatusCode::OK,
+                            axum::Json(serde_json::json!({ "status": status })),
+                        ))
                     }),
                 )
                 .route(
@@ -60,6 +81,9 @@ fn racing_recipient(busy_looks: usize) -> (String, Arc<Mutex<Session>>) {
                         let req = body["request_id"].as_str().unwrap_or("?").to_owned();
                         if s.person_typing {
                             s.interrupted.push(req.clone());
+                        }
+                        if s.unreadable {
+                            s.blind.push(req.clone());
                         }
                         s.taken.push(req);
                         async move { "{}" }
@@ -123,5 +147,43 @@ fn a_turn_that_starts_after_the_first_look_makes_the_write_wait() {
     assert!(
         history.contains("BUSY"),
         "the delivery waited while the person's turn ran:\n{history}"
+    );
+}
+
+#[test]
+fn nothing_is_written_while_the_activity_cannot_be_verified() {
+    let w = World::new();
+    w.ok(&["agent", "add", "alice", "--provider", "demo"]);
+    // Two unreadable answers: the first look and the send boundary's look would both be
+    // blind for an engine that took them for idle.
+    let (url, session) = recipient(2, 0);
+    w.ok(&[
+        "agent",
+        "add",
+        "bob",
+        "--provider",
+        "command",
+        "--set",
+        &format!("url={url}"),
+        "--set",
+        &format!("activity_url={url}activity"),
+        "--set",
+        &format!("status_url={url}status/{{request_id}}"),
+    ]);
+    let sent = w.json(&["send", "alice", "bob", "once you can tell you are free"]);
+    let id = sent["message"]["id"].as_str().unwrap().to_owned();
+    let _engine = w.spawn_engine();
+    w.wait_for(Duration::from_secs(30), |c| c.get("RETURNED") == Some(&1));
+    let s = session.lock().unwrap();
+    assert!(
+        s.blind.is_empty(),
+        "nothing is written while the activity is unknown: {:?} arrived right after an unreadable answer",
+        s.blind
+    );
+    assert_eq!(s.taken.len(), 1, "one write");
+    let history = w.ok(&["status", &id]);
+    assert!(
+        history.contains("UNAVAILABLE"),
+        "the delivery waited while the activity could not be verified:\n{history}"
     );
 }
