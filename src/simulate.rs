@@ -384,9 +384,15 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .clone();
-    let end = sim_end(virtual_time);
     let facts = gather(
-        &checker, &names, &agents, &page, &sent, &released, healed_at, end,
+        &checker,
+        &names,
+        &agents,
+        &page,
+        &sent,
+        &released,
+        healed_at,
+        virtual_time,
     )?;
     let mut verdicts = oracle::judge(&facts, SETTLE_LIMIT);
     let mut ran = oracle::Verdict {
@@ -686,11 +692,6 @@ async fn driver(
         }
     }
     Ok(())
-}
-
-/// The end of a run, as the oracle judges deadlines against it.
-fn sim_end(virtual_time: Duration) -> Duration {
-    virtual_time
 }
 
 /// A person who knows how a stuck delivery ended releases each UNCERTAIN delivery that once

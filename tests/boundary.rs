@@ -113,11 +113,9 @@ fn recipient(unreadable_looks: usize, busy_looks: usize) -> (String, Arc<Mutex<S
     (format!("http://{addr}/"), session)
 }
 
-#[test]
-fn a_turn_that_starts_after_the_first_look_makes_the_write_wait() {
-    let w = World::new();
-    w.ok(&["agent", "add", "alice", "--provider", "demo"]);
-    let (url, session) = racing_recipient(3);
+/// Registers `bob` as an HTTP agent at `url` (with its activity and status URLs) and sends
+/// him `text` from `alice`; returns the message id.
+fn send_to(w: &World, url: &str, text: &str) -> String {
     w.ok(&[
         "agent",
         "add",
@@ -131,8 +129,16 @@ fn a_turn_that_starts_after_the_first_look_makes_the_write_wait() {
         "--set",
         &format!("status_url={url}status/{{request_id}}"),
     ]);
-    let sent = w.json(&["send", "alice", "bob", "after the person's turn, please"]);
-    let id = sent["message"]["id"].as_str().unwrap().to_owned();
+    let sent = w.json(&["send", "alice", "bob", text]);
+    sent["message"]["id"].as_str().unwrap().to_owned()
+}
+
+#[test]
+fn a_turn_that_starts_after_the_first_look_makes_the_write_wait() {
+    let w = World::new();
+    w.ok(&["agent", "add", "alice", "--provider", "demo"]);
+    let (url, session) = racing_recipient(3);
+    let id = send_to(&w, &url, "after the person's turn, please");
     let _engine = w.spawn_engine();
     w.wait_for(Duration::from_secs(20), |c| c.get("RETURNED") == Some(&1));
     let s = session.lock().unwrap();
@@ -157,21 +163,7 @@ fn nothing_is_written_while_the_activity_cannot_be_verified() {
     // Two unreadable answers: the first look and the send boundary's look would both be
     // blind for an engine that took them for idle.
     let (url, session) = recipient(2, 0);
-    w.ok(&[
-        "agent",
-        "add",
-        "bob",
-        "--provider",
-        "command",
-        "--set",
-        &format!("url={url}"),
-        "--set",
-        &format!("activity_url={url}activity"),
-        "--set",
-        &format!("status_url={url}status/{{request_id}}"),
-    ]);
-    let sent = w.json(&["send", "alice", "bob", "once you can tell you are free"]);
-    let id = sent["message"]["id"].as_str().unwrap().to_owned();
+    let id = send_to(&w, &url, "once you can tell you are free");
     let _engine = w.spawn_engine();
     w.wait_for(Duration::from_secs(30), |c| c.get("RETURNED") == Some(&1));
     let s = session.lock().unwrap();
