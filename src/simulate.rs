@@ -340,7 +340,9 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
             let (was, now_on) = (*n, if start { *n + 1 } else { n.saturating_sub(1) });
             *n = now_on;
             if (was == 0) != (now_on == 0) {
-                apply(&mut sim, &db, &names, &page, &trace, now, start, &kind);
+                apply(
+                    &mut sim, &db, &names, &agents, &page, &trace, now, start, &kind,
+                );
             }
         }
         if healed_at.is_none() && now >= FAULT_PHASE {
@@ -476,6 +478,7 @@ fn apply(
     sim: &mut sim::turmoil::Sim<'_>,
     db: &Path,
     names: &[String],
+    agents: &[Agent],
     page: &Page,
     trace: &Trace,
     now: Duration,
@@ -532,6 +535,17 @@ fn apply(
         (FaultKind::LostRequests(a), false) => {
             sim.repair_oneway("engine", names[*a].as_str());
             format!("requests to {} arrive again", names[*a])
+        }
+        (FaultKind::HistoryDown(a), on) => {
+            agents[*a]
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .history_down = on;
+            if on {
+                format!("{}'s history cannot be read", names[*a])
+            } else {
+                format!("{}'s history can be read again", names[*a])
+            }
         }
         (FaultKind::Reregistered(a), on) => {
             let host = if on { SPARE } else { names[*a].as_str() };
@@ -826,9 +840,19 @@ fn gather(
             turns_ended.push((host.to_owned(), rid.clone(), *when, *how));
         }
         for (when, rid, found) in &a.status_queries {
-            status_queries.push((host.to_owned(), *when, rid.clone(), *found));
+            let answer = if *found {
+                oracle::HistoryAnswer::Found
+            } else {
+                oracle::HistoryAnswer::NotFound
+            };
+            status_queries.push((host.to_owned(), *when, rid.clone(), answer));
+        }
+        for (when, rid) in &a.unanswered_queries {
+            let answer = oracle::HistoryAnswer::Unreadable;
+            status_queries.push((host.to_owned(), *when, rid.clone(), answer));
         }
     }
+    status_queries.sort_by_key(|q| q.1);
     writes.sort_by_key(|w| w.write.at);
     let mut st = c
         .prepare(

@@ -102,6 +102,14 @@ fn a_sweep_catches_an_uncertain_delivery_never_looked_at_again() {
 
 #[cfg(feature = "planted-bugs")]
 #[test]
+fn a_sweep_catches_a_cancel_after_two_complete_scans() {
+    // Shows only when a scan between two complete ones an hour apart cannot read the
+    // recipient's history (a history outage).
+    caught_within("cancel_early", "G5", 25);
+}
+
+#[cfg(feature = "planted-bugs")]
+#[test]
 fn a_sweep_catches_an_attempt_spent_during_an_outage() {
     caught_within("ignore_outage", "G6", 20);
 }

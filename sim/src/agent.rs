@@ -108,6 +108,10 @@ pub struct AgentState {
     /// Each status (history) query answered: (when, request id, whether the request was
     /// found). The engine's history scans are among them.
     pub status_queries: Vec<(Duration, String, bool)>,
+    /// Each status query that could not be answered (503: the history is unreadable).
+    pub unanswered_queries: Vec<(Duration, String)>,
+    /// The history cannot be read now (a fault): status queries answer 503.
+    pub history_down: bool,
     /// The last activity answer, and the turn it was about (its start), if busy.
     last_answer: Option<(&'static str, Option<Duration>)>,
     /// Looks up each arriving write's reservation (none: every write counts as reserved).
@@ -131,6 +135,8 @@ impl AgentState {
             received: Vec::new(),
             ended: Vec::new(),
             status_queries: Vec::new(),
+            unanswered_queries: Vec::new(),
+            history_down: false,
             last_answer: None,
             reservations: None,
             trace: Vec::new(),
@@ -212,6 +218,11 @@ impl AgentState {
                     ));
                 }
                 (200, json!({ "status": status }).to_string())
+            }
+            ("GET", path) if path.starts_with("/status/") && self.history_down && !self.healed => {
+                let id = &path["/status/".len()..];
+                self.unanswered_queries.push((now, id.to_owned()));
+                (503, "{}".to_owned())
             }
             ("GET", path) if path.starts_with("/status/") => {
                 let id = &path["/status/".len()..];

@@ -57,6 +57,10 @@ pub struct FaultPlan {
     /// Times a person re-registers an agent at another address (the spare host) for a
     /// while, then back (G1: nothing queued follows the agent to its new address).
     pub reregistrations: u32,
+    /// Chance, per simulated minute and agent, that the agent's history cannot be read for
+    /// 10 to 40 minutes (its status queries answer 503): a history scan in that window is
+    /// incomplete and must not count toward a release (G5).
+    pub history_outage_rate: f64,
     /// Agents, and handoffs the driver sends.
     pub agents: usize,
     pub handoffs: usize,
@@ -86,6 +90,8 @@ pub enum FaultKind {
     Reregistered(usize),
     /// Requests from the engine to this agent are lost (a one-way partition the other way).
     LostRequests(usize),
+    /// This agent's history cannot be read: its status queries answer 503.
+    HistoryDown(usize),
 }
 
 impl FaultPlan {
@@ -137,6 +143,7 @@ impl FaultPlan {
         };
         let unknown_activity_rate = late_rate(0.1);
         let racing_turn_rate = late_rate(0.1);
+        let history_outage_rate = late_rate(0.03);
         FaultPlan {
             seed,
             lost_reply_rate,
@@ -154,6 +161,7 @@ impl FaultPlan {
             unknown_activity_rate,
             racing_turn_rate,
             reregistrations,
+            history_outage_rate,
             agents,
             handoffs,
         }
@@ -256,6 +264,21 @@ impl FaultPlan {
                 }
             }
         }
+        if self.history_outage_rate > 0.0 {
+            for minute in 0..minutes {
+                for agent in 0..self.agents {
+                    if rng.random_bool(self.history_outage_rate.min(1.0)) {
+                        let at = Duration::from_secs(minute * 60) + secs(&mut rng, 0, 60);
+                        let for_ = secs(&mut rng, 600, 2_400);
+                        out.push(Fault {
+                            at,
+                            for_,
+                            kind: FaultKind::HistoryDown(agent),
+                        });
+                    }
+                }
+            }
+        }
         out.sort_by_key(|f| f.at);
         out
     }
@@ -268,6 +291,7 @@ impl FaultPlan {
             && self.failed_write_rate == 0.0
             && self.unknown_activity_rate == 0.0
             && self.racing_turn_rate == 0.0
+            && self.history_outage_rate == 0.0
             && [
                 self.lost_reply_rate,
                 self.refusal_rate,
@@ -290,7 +314,7 @@ impl fmt::Display for FaultPlan {
             f,
             "seed {}: {} agents, {} handoffs; lost replies {:.3}, refusals {:.3}, errored turns {:.3}, \
              interrupted turns {:.3}, slow turns {:.3}, person turns {:.3}/min, held links {:.3}/min, \
-             agent outages {:.3}/min, provider outages {:.3}/min, engine crashes {}, re-registrations {}, lost requests {:.3}/min, failed writes {:.3}, unknown activity {:.3}, racing turns {:.3}",
+             agent outages {:.3}/min, provider outages {:.3}/min, engine crashes {}, re-registrations {}, lost requests {:.3}/min, failed writes {:.3}, unknown activity {:.3}, racing turns {:.3}, history outages {:.3}/min",
             self.seed,
             self.agents,
             self.handoffs,
@@ -308,7 +332,8 @@ impl fmt::Display for FaultPlan {
             self.lost_request_rate,
             self.failed_write_rate,
             self.unknown_activity_rate,
-            self.racing_turn_rate
+            self.racing_turn_rate,
+            self.history_outage_rate
         )
     }
 }

@@ -82,6 +82,15 @@ pub struct WorkRow {
 }
 
 /// Everything a run leaves for the oracle.
+/// How an agent answered one history query.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HistoryAnswer {
+    Found,
+    NotFound,
+    /// The history could not be read (503): an incomplete scan.
+    Unreadable,
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct Run {
     pub deliveries: Vec<DeliveryRow>,
@@ -89,8 +98,8 @@ pub struct Run {
     pub writes: Vec<WriteRow>,
     /// Per host: (request id, when the turn really ended, how).
     pub turns_ended: Vec<(String, String, Duration, &'static str)>,
-    /// Per host: (host, when, request id, found).
-    pub status_queries: Vec<(String, Duration, String, bool)>,
+    /// Every history (status) query an agent answered: (host, when, request id, answer).
+    pub status_queries: Vec<(String, Duration, String, HistoryAnswer)>,
     pub sent: Vec<SentRow>,
     pub work: Vec<WorkRow>,
     /// The provider outages the status page reported: (from, until).
@@ -464,24 +473,56 @@ pub fn g5_honest_release(run: &Run) -> Verdict {
                 spec.history_scan_span_ms / 1_000
             ));
         }
-        let misses: Vec<Duration> = run
+        // The recipient's side. A status query does not say whether it is a scan or an
+        // observation (the engine observes an UNCERTAIN delivery between its scans), so count
+        // the most "not found" answers that could be scans SPEC's interval apart: the
+        // engine's own complete scans are such a set, so an honest cancel always has one
+        // of at least SPEC's size; a cancel whose middle scan could not read the history
+        // (503) has none, however many observations it made.
+        let cancelled_at = run
+            .events
+            .iter()
+            .filter(|e| {
+                e.message == d.id
+                    && e.kind == "state"
+                    && moved(e).is_some_and(|(_, to)| to == "CANCELLED")
+            })
+            .map(|e| e.at)
+            .next_back()
+            .unwrap_or(Duration::MAX);
+        let interval = Duration::from_millis(spec.history_scan_interval_ms);
+        let mut scans: Vec<Duration> = Vec::new();
+        let mut unreadable = 0;
+        for (_, at, _, answer) in run
             .status_queries
             .iter()
-            .filter(|(_, _, rid, found)| rid == current && !found)
-            .map(|(_, at, _, _)| *at)
-            .collect();
-        let span = match (misses.first(), misses.last()) {
+            .filter(|q| &q.2 == current && q.1 <= cancelled_at)
+        {
+            match answer {
+                HistoryAnswer::NotFound
+                    if scans
+                        .last()
+                        .is_none_or(|l| at.saturating_sub(*l) >= interval) =>
+                {
+                    scans.push(*at);
+                }
+                HistoryAnswer::Unreadable => unreadable += 1,
+                _ => {}
+            }
+        }
+        let span = match (scans.first(), scans.last()) {
             (Some(a), Some(b)) => b.saturating_sub(*a),
             _ => Duration::ZERO,
         };
-        if misses.len() < spec.history_scans_min as usize
+        if scans.len() < spec.history_scans_min as usize
             || span < Duration::from_millis(spec.history_scan_span_ms)
         {
             v.violations.push(format!(
-                "{} was cancelled after {} empty history answers over {}s",
+                "{} was cancelled after at most {} complete history scans that found nothing, {}s apart or more, as its recipient answered them ({}; {unreadable} answers unreadable)",
                 short(&d.id),
-                misses.len(),
-                span.as_secs()
+                scans.len(),
+                interval.as_secs(),
+                scans.iter().map(|at| hms(*at)).collect::<Vec<_>>().join(", ")
             ));
         }
     }

@@ -197,6 +197,9 @@ impl World {
                         .arg(&keep)
                         .status();
                 }
+                // A violation the recipients logged comes first: a stall it led to is its
+                // consequence (this panics with the violation's own message).
+                let _ = self.runs();
                 panic!("not settled after {limit:?}: {counts:?}\n{detail}\nlast runs: {tail:?}");
             }
             std::thread::sleep(Duration::from_millis(100));
