@@ -5,6 +5,7 @@
 
 pub mod command;
 pub mod demo;
+pub mod doctor;
 pub mod http;
 
 use crate::service::Service;

@@ -156,6 +156,9 @@ pub enum Command {
         #[arg(long, conflicts_with = "seeds")]
         trace: bool,
     },
+    /// Checks every agent's destination (binary and version, session or thread, folder, URL)
+    /// and the database: one line per finding; exit 1 when something is wrong.
+    Doctor,
     /// Runs one command turn for the engine (internal).
     #[command(hide = true)]
     Supervise(SuperviseArgs),
@@ -395,15 +398,26 @@ fn open(cli: &Cli) -> Result<Service, Failure> {
 /// Prints `value` as JSON, or `text` for people.
 fn emit<T: Serialize>(cli: &Cli, value: &T, text: impl FnOnce() -> String) {
     if cli.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(value).unwrap_or_default()
-        );
+        out(&serde_json::to_string_pretty(value).unwrap_or_default());
     } else {
         let t = text();
         if !t.is_empty() {
-            println!("{}", t.trim_end());
+            out(t.trim_end());
         }
+    }
+}
+
+/// Prints one line on stdout. A reader that went away (`handoffs status | head -1`) ends
+/// the process quietly, as SIGPIPE would, instead of a panic.
+fn out(line: &str) {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    if let Err(e) = writeln!(stdout, "{line}").and_then(|()| stdout.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(141);
+        }
+        eprintln!("handoffs: cannot write to stdout: {e}");
+        std::process::exit(1);
     }
 }
 
@@ -481,7 +495,7 @@ fn sim_cmd(cli: &Cli, seed: Option<u64>, seeds: Option<&str>, trace: bool) -> Re
         let sweep = crate::simulate::sweep(a, b, &policy, |o| {
             if !o.ok {
                 if cli.json {
-                    println!("{}", json!({"seed": o.seed, "ok": false, "report": o.text}));
+                    out(&json!({"seed": o.seed, "ok": false, "report": o.text}).to_string());
                 } else {
                     eprintln!(
                         "seed {} FAILED; replay: {replay_env}handoffs sim --seed {} --trace",
@@ -914,6 +928,33 @@ pub fn run(cli: &Cli) -> Result<(), Failure> {
             Ok(())
         }
         Command::Status { id } => status(cli, id.as_deref()),
+        Command::Doctor => {
+            let mut s = open(cli)?;
+            let findings = s.doctor()?;
+            emit(cli, &findings, || {
+                findings
+                    .iter()
+                    .map(|f| {
+                        let mark = if f.ok { "ok     " } else { "PROBLEM" };
+                        if f.agent.is_empty() {
+                            format!("{mark} {}\n", f.text)
+                        } else {
+                            format!("{mark} {}: {}\n", f.agent, f.text)
+                        }
+                    })
+                    .collect()
+            });
+            match findings.iter().filter(|f| !f.ok).count() {
+                0 => Ok(()),
+                n => Err(Failure {
+                    code: 1,
+                    message: format!(
+                        "doctor: {n} {} found",
+                        if n == 1 { "problem" } else { "problems" }
+                    ),
+                }),
+            }
+        }
         Command::Release { id, note } => {
             let mut s = open(cli)?;
             let v = s.release(id, note.as_deref())?;
@@ -1016,7 +1057,7 @@ fn agent(cli: &Cli, cmd: &AgentCmd) -> Result<(), Failure> {
             cwd,
             settings,
         } => {
-            let a = s.add_agent(
+            let a = s.add_agent_checked(
                 id,
                 provider.as_deref(),
                 name.as_deref(),
@@ -1025,6 +1066,9 @@ fn agent(cli: &Cli, cmd: &AgentCmd) -> Result<(), Failure> {
                 settings,
             )?;
             emit(cli, &a, || a.sentence());
+            for w in &a.warnings {
+                eprintln!("handoffs: warning: {} {w}", a.agent.id);
+            }
         }
         AgentCmd::List => {
             let agents = s.agents()?;

@@ -228,6 +228,10 @@ pub struct AgentAdded {
     pub destination_changed: Vec<String>,
     /// Pending deliveries queued for the old destination: they become UNAVAILABLE.
     pub stranded_deliveries: usize,
+    /// What the destination checks found wrong (the registration stands; SPEC §5 `doctor`);
+    /// filled by [`Service::add_agent_checked`].
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 impl AgentAdded {
@@ -481,6 +485,7 @@ impl Service {
                 updated: existing.is_some(),
                 destination_changed: changed,
                 stranded_deliveries: stranded,
+                warnings: Vec::new(),
             };
             tx.event(now, None, "agent", &format!("agent {}", added.sentence()))?;
             // A registration change is a fact the next pass must see at once (a destination
@@ -488,6 +493,72 @@ impl Service {
             tx.wake_recipient(id, now)?;
             Ok(added)
         })
+    }
+
+    /// Registers an agent as [`Service::add_agent`] does, then checks its destination (after
+    /// the commit, outside the transaction: it runs `--version` and opens a connection) and
+    /// lists what is wrong in `warnings`; the registration stands either way.
+    pub fn add_agent_checked(
+        &mut self,
+        id: &str,
+        provider: Option<&str>,
+        name: Option<&str>,
+        endpoint: Option<&str>,
+        cwd: Option<&str>,
+        settings: &[(String, Value)],
+    ) -> Result<AgentAdded> {
+        let mut added = self.add_agent(id, provider, name, endpoint, cwd, settings)?;
+        added.warnings = crate::adapter::doctor::check(&added.agent)
+            .into_iter()
+            .filter(|f| !f.ok)
+            .map(|f| f.text)
+            .collect();
+        Ok(added)
+    }
+
+    /// Every agent's destination checks, then the database's (SPEC §5 `doctor`).
+    pub fn doctor(&mut self) -> Result<Vec<crate::adapter::doctor::Finding>> {
+        use crate::adapter::doctor::Finding;
+        let agents = self.agents()?;
+        let mut out: Vec<Finding> = agents
+            .iter()
+            .flat_map(crate::adapter::doctor::check)
+            .collect();
+        let path = self.store.path().to_owned();
+        let db = |ok: bool, text: String| Finding {
+            agent: String::new(),
+            ok,
+            text,
+        };
+        let check: String = self
+            .store
+            .read(|tx| tx.quick_check())
+            .unwrap_or_else(|e: crate::store::StoreError| e.to_string());
+        out.push(if check == "ok" {
+            db(true, format!("database {}: integrity ok", path.display()))
+        } else {
+            db(false, format!("database {}: {check}", path.display()))
+        });
+        let token = crate::store::token_path(&path);
+        for file in [path.clone(), token] {
+            match crate::store::mode_of(&file) {
+                Some(mode) if mode.trailing_zeros() >= 6 => {
+                    out.push(db(
+                        true,
+                        format!("{} is private ({mode:o})", file.display()),
+                    ));
+                }
+                Some(mode) => out.push(db(
+                    false,
+                    format!(
+                        "{} is readable by others ({mode:o}); chmod 600 it",
+                        file.display()
+                    ),
+                )),
+                None => out.push(db(false, format!("{} is missing", file.display()))),
+            }
+        }
+        Ok(out)
     }
 
     pub fn agents(&mut self) -> Result<Vec<AgentRow>> {

@@ -86,6 +86,19 @@ pub fn sibling(db: &Path, suffix: &str) -> PathBuf {
     PathBuf::from(p)
 }
 
+/// A file's permission bits, if it exists.
+#[cfg(unix)]
+pub fn mode_of(path: &Path) -> Option<u32> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path)
+        .ok()
+        .map(|m| m.permissions().mode() & 0o777)
+}
+#[cfg(not(unix))]
+pub fn mode_of(path: &Path) -> Option<u32> {
+    std::fs::metadata(path).ok().map(|_| 0o600)
+}
+
 #[cfg(unix)]
 fn set_mode(path: &Path, mode: u32) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
@@ -560,6 +573,11 @@ fn class_of(kind: StateKind) -> &'static str {
 }
 
 impl Tx<'_> {
+    /// SQLite's quick integrity check: `ok`, or the first problem it found.
+    pub fn quick_check(&self) -> Result<String> {
+        Ok(self.tx.query_row("PRAGMA quick_check", [], |r| r.get(0))?)
+    }
+
     // ----- config -----
 
     pub fn config(&self, key: &str) -> Result<Option<Value>> {
