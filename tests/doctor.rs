@@ -5,13 +5,13 @@ mod common;
 
 use common::World;
 use std::io::Read as _;
+use std::os::unix::fs::PermissionsExt;
 use std::process::Stdio;
 
 /// A fake executable that prints `version` for `--version`.
 fn fake_binary(w: &World, name: &str, version: &str) -> String {
     let path = w.dir.path().join(name);
     std::fs::write(&path, format!("#!/bin/sh\necho '{version}'\n")).unwrap();
-    use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
     path.display().to_string()
 }
@@ -145,7 +145,6 @@ fn doctor_is_content_with_a_healthy_world_and_names_a_readable_database() {
         findings.as_array().unwrap().iter().all(|f| f["ok"] == true),
         "{findings}"
     );
-    use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&w.db, std::fs::Permissions::from_mode(0o644)).unwrap();
     let out = w.run(&["doctor"]);
     assert_eq!(out.status.code(), Some(1));

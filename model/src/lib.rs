@@ -14,6 +14,7 @@ pub mod policy;
 pub mod states;
 pub mod step;
 pub mod table;
+pub mod work;
 
 pub use delivery::{Class, Delivery, Invalid, StateKind};
 pub use event::{

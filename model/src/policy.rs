@@ -180,7 +180,8 @@ pub enum PlantedBug {
     WriteTwice,
     /// An outage the guard reports is ignored: attempts are spent during it (breaks G6).
     IgnoreOutage,
-    /// Overdue work never reminds its sender (breaks G7; engine-level).
+    /// Overdue work never reminds its sender (breaks G7; honoured by `work::reminder_due`,
+    /// which the engine and the model world both decide by).
     NoReminder,
     /// The engine never schedules another look at an UNCERTAIN delivery (breaks liveness;
     /// engine-level).

@@ -378,11 +378,17 @@ impl Engine {
                 }
             }
             let mut reminders = 0;
-            let overdue = if policy.planted(model::PlantedBug::NoReminder) {
-                Vec::new()
-            } else {
-                tx.overdue_unreminded(millis(now))?
-            };
+            // The store finds the candidates; the rule of SPEC §2.5 (`model::work`) decides.
+            let at = |ms: i64| Millis(u64::try_from(ms).unwrap_or(0));
+            let overdue = tx.overdue_unreminded(millis(now))?.into_iter().filter(|w| {
+                model::work::reminder_due(
+                    w.due_at.map(at),
+                    model::work::is_open(&w.state),
+                    w.reminded_at.map(at),
+                    at(millis(now)),
+                    &policy,
+                )
+            });
             for mut w in overdue {
                 let body = format!(
                     "Reminder: the work \"{}\" you gave to {} is past its due time and has not been returned.",

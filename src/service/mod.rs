@@ -532,7 +532,7 @@ impl Service {
         };
         let check: String = self
             .store
-            .read(|tx| tx.quick_check())
+            .read(|tx: &crate::store::Tx<'_>| tx.quick_check())
             .unwrap_or_else(|e: crate::store::StoreError| e.to_string());
         out.push(if check == "ok" {
             db(true, format!("database {}: integrity ok", path.display()))

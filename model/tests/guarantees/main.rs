@@ -10,15 +10,19 @@ use properties as p;
 use stateright::{Checker, HasDiscoveries, Model, Property};
 use std::collections::BTreeSet;
 use std::io::Write as _;
-use world::{Faults, HOUR_MS, Msg, World};
+use world::{Faults, HOUR_MS, MINUTE_MS, Msg, World, WorldPlant};
 
 const WORK: Msg = Msg {
     kind: MessageKind::Work,
     identical_to: None,
+    to: 0,
+    due_ms: None,
 };
 const PLAIN: Msg = Msg {
     kind: MessageKind::Plain,
     identical_to: None,
+    to: 0,
+    due_ms: None,
 };
 
 /// Two deliveries to one recipient, with lost replies, crashes, refusals and a person who
@@ -38,6 +42,7 @@ fn two_deliveries(policy: Policy) -> World {
         },
         horizon_ms: 2 * HOUR_MS,
         urgent: false,
+        plant: None,
         properties: || {
             let mut props = p::safety();
             for kind in [
@@ -78,6 +83,7 @@ fn resends(policy: Policy, errored_turns: u8) -> World {
         },
         horizon_ms: 26 * HOUR_MS,
         urgent: false,
+        plant: None,
         properties: || {
             let mut props = p::safety();
             props.push(Property::sometimes(
@@ -114,6 +120,7 @@ fn honest_release(policy: Policy) -> World {
         },
         horizon_ms: 3 * HOUR_MS,
         urgent: false,
+        plant: None,
         properties: || {
             let mut props = p::safety();
             props.push(p::reach(StateKind::Uncertain));
@@ -152,6 +159,7 @@ fn holds(policy: Policy) -> World {
         },
         horizon_ms: HOUR_MS,
         urgent: false,
+        plant: None,
         properties: || {
             let mut props = p::safety();
             props.push(p::reach(StateKind::Held));
@@ -169,8 +177,8 @@ fn edits(policy: Policy, refusals: u8) -> World {
         messages: vec![
             PLAIN,
             Msg {
-                kind: MessageKind::Plain,
                 identical_to: Some(0),
+                ..PLAIN
             },
         ],
         faults: Faults {
@@ -184,6 +192,7 @@ fn edits(policy: Policy, refusals: u8) -> World {
         },
         horizon_ms: HOUR_MS,
         urgent: false,
+        plant: None,
         properties: || {
             let mut props = p::safety();
             for kind in [
@@ -194,6 +203,202 @@ fn edits(policy: Policy, refusals: u8) -> World {
             ] {
                 props.push(p::reach(kind));
             }
+            props
+        },
+    }
+}
+
+/// Two handoffs to one recipient and two crashes of the engine (or of a `send`), with a lost
+/// reply: G8 over the durable store, and every other guarantee, across more than one crash.
+fn durability(policy: Policy, plant: Option<WorldPlant>) -> World {
+    World {
+        policy,
+        messages: vec![WORK, PLAIN],
+        faults: Faults {
+            crashes: 2,
+            lost_replies: 1,
+            time_jumps: 2,
+            ..Faults::default()
+        },
+        horizon_ms: HOUR_MS,
+        urgent: false,
+        plant,
+        properties: || {
+            let mut props = p::safety();
+            props.push(p::reach(StateKind::Uncertain));
+            props.push(Property::sometimes(
+                "two crashes strike mid-write",
+                p::two_crashes_mid_write,
+            ));
+            props.push(Property::sometimes(
+                "a handoff sent before a crash is durable after it",
+                p::sent_handoff_survives_a_crash,
+            ));
+            props
+        },
+    }
+}
+
+/// One handoff to each of two recipients, each its own agent and session; a person types
+/// into either session and a reply is lost: G3 per recipient (both may be active at once,
+/// neither is written to while busy).
+fn two_recipients(policy: Policy) -> World {
+    World {
+        policy,
+        messages: vec![WORK, Msg { to: 1, ..PLAIN }],
+        faults: Faults {
+            foreign_turns: 1,
+            lost_replies: 1,
+            time_jumps: 1,
+            ..Faults::default()
+        },
+        horizon_ms: HOUR_MS,
+        urgent: false,
+        plant: None,
+        properties: || {
+            let mut props = p::safety();
+            props.push(p::reach(StateKind::Busy));
+            props.push(Property::sometimes(
+                "deliveries to two recipients are active at once",
+                p::two_recipients_active_at_once,
+            ));
+            props
+        },
+    }
+}
+
+/// Faults that stop (SPEC §3 liveness): each world is urgent (time passes only when nothing
+/// else can happen) and every fault has a counter, so each path ends at rest once its faults
+/// are spent and healed; there, every delivery must have settled (`p::every_delivery_settles`
+/// says which fairness this encodes). The horizon, 6 hours, is the bound. Urgency also means
+/// a fault that may strike at any moment (an outage, a host down, a re-registration) strikes
+/// before the clock next moves: these worlds explore every order of faults and steps, not
+/// every timing of the faults.
+fn healing(
+    policy: Policy,
+    plant: Option<WorldPlant>,
+    messages: Vec<Msg>,
+    faults: Faults,
+    properties: fn() -> Vec<Property<World>>,
+) -> World {
+    World {
+        policy,
+        messages,
+        faults,
+        horizon_ms: 6 * HOUR_MS,
+        urgent: true,
+        plant,
+        properties,
+    }
+}
+
+/// What every healing world checks: the safety guarantees, liveness, and that it really
+/// healed from the faults that matter for liveness.
+fn healing_properties() -> Vec<Property<World>> {
+    let mut props = p::safety();
+    props.push(Property::always(p::LIVENESS, p::every_delivery_settles));
+    props.push(p::reach(StateKind::Cancelled));
+    props.push(Property::sometimes(
+        "an uncertain delivery settles once the faults stop",
+        p::uncertain_delivery_settles_after_faults,
+    ));
+    props.push(Property::sometimes(
+        "two crashes strike mid-write",
+        p::two_crashes_mid_write,
+    ));
+    props
+}
+
+/// And, where a recipient is re-registered: a delivery rests UNAVAILABLE for it.
+fn healing_properties_with_moves() -> Vec<Property<World>> {
+    let mut props = healing_properties();
+    props.push(Property::sometimes(
+        "a delivery rests unavailable while its recipient is registered elsewhere",
+        p::rests_unavailable_at_rest,
+    ));
+    props
+}
+
+/// Two handoffs to one recipient; two crashes, a lost write, a lost reply, the recipient's
+/// host down for a while and a re-registration elsewhere (a reason to rest UNAVAILABLE).
+fn healing_after_crashes(policy: Policy, plant: Option<WorldPlant>) -> World {
+    let faults = Faults {
+        crashes: 2,
+        lost_writes: 1,
+        lost_replies: 1,
+        agent_downs: 1,
+        endpoint_changes: 1,
+        ..Faults::default()
+    };
+    let properties = healing_properties_with_moves;
+    healing(policy, plant, vec![WORK, PLAIN], faults, properties)
+}
+
+/// Two handoffs to one recipient; two crashes, a lost write, a refusal, an errored turn and
+/// an outage.
+fn healing_after_refusals_and_outages(policy: Policy) -> World {
+    let faults = Faults {
+        crashes: 2,
+        lost_writes: 1,
+        refusals: 1,
+        errored_turns: 1,
+        outages: 1,
+        ..Faults::default()
+    };
+    healing(policy, None, vec![WORK, PLAIN], faults, healing_properties)
+}
+
+/// One handoff to each of two recipients; two crashes, a lost write and a re-registration.
+fn healing_two_recipients(policy: Policy) -> World {
+    let faults = Faults {
+        crashes: 2,
+        lost_writes: 1,
+        endpoint_changes: 1,
+        ..Faults::default()
+    };
+    let messages = vec![WORK, Msg { to: 1, ..PLAIN }];
+    healing(
+        policy,
+        None,
+        messages,
+        faults,
+        healing_properties_with_moves,
+    )
+}
+
+/// Work due half an hour after it is sent, which its recipient may return before or after
+/// that, with a crash and an errored turn (resent while the work is open): G7.
+fn deadlines(policy: Policy) -> World {
+    World {
+        policy,
+        messages: vec![Msg {
+            due_ms: Some(30 * MINUTE_MS),
+            ..WORK
+        }],
+        faults: Faults {
+            work_done: 1,
+            crashes: 1,
+            errored_turns: 1,
+            time_jumps: 3,
+            ..Faults::default()
+        },
+        horizon_ms: 2 * HOUR_MS,
+        urgent: false,
+        plant: None,
+        properties: || {
+            let mut props = p::safety();
+            props.push(Property::sometimes(
+                "overdue work reminds its sender",
+                p::overdue_work_reminded,
+            ));
+            props.push(Property::sometimes(
+                "work returned before its due time is never reminded",
+                p::work_returned_in_time_never_reminded,
+            ));
+            props.push(Property::sometimes(
+                "work returned late was reminded first",
+                p::work_returned_after_a_reminder,
+            ));
             props
         },
     }
@@ -213,9 +418,10 @@ fn reliable() -> World {
         },
         horizon_ms: 4 * HOUR_MS,
         urgent: true,
+        plant: None,
         properties: || {
             let mut props = p::safety();
-            props.push(Property::eventually(p::LIVENESS, p::every_delivery_settles));
+            props.push(Property::always(p::LIVENESS, p::every_delivery_settles));
             props
         },
     }
@@ -246,6 +452,11 @@ fn check_all(name: &str, world: World, pinned: usize) {
 
 /// Runs `world` until `property` has a counterexample, prints it, and returns it.
 fn counterexample(world: World, property: &'static str) -> String {
+    counterexample_ending(world, property).0
+}
+
+/// A counterexample to `property` in `world` (printed), and the state it ends in.
+fn counterexample_ending(world: World, property: &'static str) -> (String, world::State) {
     let checker = world
         .checker()
         .threads(1)
@@ -257,7 +468,7 @@ fn counterexample(world: World, property: &'static str) -> String {
         .unwrap_or_else(|| panic!("the checker did not catch the broken rule: {property} held"));
     let text = format!("{property} fails:\n{path}");
     say(&text);
-    text
+    (text, path.last_state().clone())
 }
 
 #[test]
@@ -291,6 +502,45 @@ fn a_reliable_recipient_settles_every_delivery() {
 }
 
 #[test]
+fn two_crashes_lose_nothing_durable() {
+    check_all("durability", durability(Policy::default(), None), 69_406);
+}
+
+#[test]
+fn each_of_two_recipients_is_never_interrupted() {
+    check_all("two recipients", two_recipients(Policy::default()), 71_835);
+}
+
+#[test]
+fn every_delivery_settles_once_crashes_and_lost_writes_stop() {
+    check_all(
+        "healing after crashes",
+        healing_after_crashes(Policy::default(), None),
+        45_867,
+    );
+}
+
+#[test]
+fn every_delivery_settles_once_refusals_and_outages_stop() {
+    let world = healing_after_refusals_and_outages(Policy::default());
+    check_all("healing after refusals and outages", world, 56_855);
+}
+
+#[test]
+fn every_delivery_to_two_recipients_settles_once_the_faults_stop() {
+    check_all(
+        "healing, two recipients",
+        healing_two_recipients(Policy::default()),
+        50_556,
+    );
+}
+
+#[test]
+fn overdue_work_reminds_its_sender_once_in_time() {
+    check_all("deadlines", deadlines(Policy::default()), 111_580);
+}
+
+#[test]
 fn every_state_is_reached_by_some_world() {
     let worlds = [
         two_deliveries(Policy::default()),
@@ -299,6 +549,12 @@ fn every_state_is_reached_by_some_world() {
         holds(Policy::default()),
         edits(Policy::default(), 3),
         reliable(),
+        durability(Policy::default(), None),
+        two_recipients(Policy::default()),
+        healing_after_crashes(Policy::default(), None),
+        healing_after_refusals_and_outages(Policy::default()),
+        healing_two_recipients(Policy::default()),
+        deadlines(Policy::default()),
     ];
     let names: BTreeSet<&str> = worlds
         .iter()
@@ -337,7 +593,7 @@ fn a_third_error_resend_is_caught_by_g4() {
         ..Policy::default()
     };
     let path = counterexample(resends(broken, 3), p::G4);
-    assert_eq!(path.matches("TurnEnds(Some(Errored))").count(), 3);
+    assert_eq!(path.matches("Some(Errored))").count(), 3);
 }
 
 #[test]
@@ -441,4 +697,37 @@ fn writing_before_the_reservation_is_committed_is_caught_by_g8() {
         ..Policy::default()
     };
     counterexample(honest_release(broken), p::G8);
+}
+
+#[test]
+fn answering_a_send_before_its_delivery_is_committed_is_caught_by_g8() {
+    let world = durability(Policy::default(), Some(WorldPlant::EnrolAfterCommit));
+    let path = counterexample(world, p::G8);
+    assert!(
+        path.contains("Send(") && path.contains("Crash"),
+        "a crash between the answer and the enrolment's commit loses the delivery"
+    );
+}
+
+#[test]
+fn an_uncertain_delivery_never_looked_at_again_is_caught_by_liveness() {
+    let world = healing_after_crashes(Policy::default(), Some(WorldPlant::ScanNeverRescheduled));
+    let (_, end) = counterexample_ending(world, p::LIVENESS);
+    assert!(
+        end.store
+            .iter()
+            .flatten()
+            .any(|d| d.kind() == StateKind::Uncertain),
+        "the delivery left unsettled is UNCERTAIN"
+    );
+}
+
+#[test]
+fn overdue_work_never_reminded_is_caught_by_g7() {
+    let broken = Policy {
+        planted_bug: Some(PlantedBug::NoReminder),
+        ..Policy::default()
+    };
+    let path = counterexample(deadlines(broken), p::G7);
+    assert!(!path.contains("Remind("));
 }

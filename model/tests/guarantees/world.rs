@@ -1,13 +1,26 @@
 //! The world the delivery rules are checked in: one durable store, an engine that can crash
-//! and recover from it, one recipient whose session can be idle, busy with our turn or with
-//! someone else's, finish, fail, be interrupted, refuse, go down and lose replies, and a
-//! person who can read, release, pause and block. Every change to a delivery goes through
-//! `model::step`, the very function the engine calls.
+//! and recover from it, one or two recipients whose sessions can each be idle, busy with our
+//! turn or with someone else's, finish, fail, be interrupted, refuse, go down and lose
+//! replies, and a person who can read, release, pause, block and return work. Every change to
+//! a delivery goes through `model::step`, the very function the engine calls, and every
+//! reminder of overdue work through `model::work::reminder_due`.
+//!
+//! The store is split the way a crash splits it: `State::store` is what was committed
+//! (durable: a crash keeps it) and `State::uncommitted` what a process computed but has not
+//! committed yet (a crash loses it). A correct engine commits each step's record in the same
+//! transaction that decides it and performs the step's effects only after that commit, and a
+//! correct `send` answers only after its message and delivery are committed; so a crash
+//! between computing and committing is the same as a crash just before the step, and the
+//! world commits each step at once. Only a planted bug lets something out before its commit:
+//! `WorldPlant::EnrolAfterCommit` (the enrolment waits in `State::uncommitted`) and
+//! `PlantedBug::ReserveAfterWrite` (the reservation waits in the engine's memory,
+//! `Phase::Uncommitted`).
 //!
 //! Indexes are stored as `u8`: these worlds hold a handful of messages and writes.
 //!
-//! Beside the world, a ghost log records what really happened (writes the recipient saw,
-//! reservations, resends, scans, cancels), so properties judge the rules from outside them.
+//! Beside the world, a ghost log records what really happened (writes the recipients saw,
+//! reservations, resends, scans, cancels, what each sender was told, reminders), so
+//! properties judge the rules from outside them.
 
 #![allow(clippy::cast_possible_truncation)]
 
@@ -22,6 +35,10 @@ use stateright::Model;
 
 pub const MINUTE_MS: u64 = 60_000;
 pub const HOUR_MS: u64 = 60 * MINUTE_MS;
+/// How late a reminder of overdue work may be and still be in time (G7): the engine's
+/// housekeeping runs when a reminder falls due and at least once a minute; the simulation's
+/// oracle allows the same two minutes (`sim::oracle::REMINDER_LAG`).
+pub const REMINDER_LAG_MS: u64 = 2 * MINUTE_MS;
 
 /// A message the world will send.
 #[derive(Clone, Debug)]
@@ -29,6 +46,22 @@ pub struct Msg {
     pub kind: MessageKind,
     /// The same sender, recipient and body as an earlier message.
     pub identical_to: Option<usize>,
+    /// Its recipient, by index (each recipient is its own agent with its own session).
+    pub to: u8,
+    /// Work only: it falls due this long after it is sent (G7).
+    pub due_ms: Option<u64>,
+}
+
+/// A known-wrong behaviour planted in the world (the engine's scheduling or the `send`
+/// command), where `model::step` cannot express it: shows that a property can fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WorldPlant {
+    /// `send` commits the message and answers success, then enrols its delivery in a second
+    /// transaction: a crash in between loses the delivery (breaks G8).
+    EnrolAfterCommit,
+    /// The engine never schedules another look at an UNCERTAIN delivery (the engine's
+    /// `scan_never_rescheduled`): no pass, so no history scan, ever again (breaks liveness).
+    ScanNeverRescheduled,
 }
 
 /// How many times each fault or human act may happen in one run.
@@ -70,6 +103,7 @@ pub struct World {
     pub horizon_ms: u64,
     /// Liveness mode: time passes only when nothing else can happen.
     pub urgent: bool,
+    pub plant: Option<WorldPlant>,
     pub properties: fn() -> Vec<stateright::Property<World>>,
 }
 
@@ -132,23 +166,51 @@ pub struct Inflight {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct MsgState {
     pub read: bool,
+    /// Work returned (or closed): no longer open.
     pub work_done: bool,
     pub body_changed: bool,
+    /// Work with a due time: when it falls due (the work row's `due_at`).
+    pub due_at: Option<Millis>,
+    /// When its sender was reminded (the work row's `reminded_at`).
+    pub reminded_at: Option<Millis>,
+    /// Work with a due time: when it was returned.
+    pub returned_at: Option<Millis>,
 }
 
-/// One write the recipient's app received.
+/// One recipient agent: its session, where it is registered, whether its host is up.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Recipient {
+    pub session: Session,
+    /// Where the recipient is registered now: one of two destinations (two URLs of one
+    /// agent id), which a person can switch back and forth.
+    pub dest: u8,
+    pub down: bool,
+}
+
+/// One write a recipient's app received.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct WriteLog {
     pub msg: u8,
     pub request_id: RequestId,
-    /// The destination the write reached (0 or 1), as the world saw it.
-    pub landed_at: u8,
+    /// The recipient and the destination (0 or 1) the write reached, as the world saw it.
+    pub landed_at: (u8, u8),
+    /// The session of the recipient it reached was busy.
     pub session_busy: bool,
     pub refused: bool,
     /// The recipient's activity could not be verified when the write was issued.
     pub activity_unknown: bool,
-    /// The store held SENDING with this request id, write issued, when the write went out.
+    /// Read from the durable store as the write arrived: it held this message's delivery
+    /// SENDING with this request id and its write issued (a committed reservation).
     pub committed_before: bool,
+}
+
+/// A reminder a sender received about overdue work.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ReminderLog {
+    pub msg: u8,
+    pub at: Millis,
+    /// The work was still open (not returned) when the reminder went out.
+    pub work_open: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -200,24 +262,29 @@ pub struct Ghost {
     pub issued_to_moved_agent: bool,
     /// Request ids whose write was lost on the way.
     pub lost_writes: Vec<RequestId>,
-    /// The destination the recipient was registered at when each message was sent.
-    pub queued_for: Vec<Option<u8>>,
+    /// The recipient and the destination it was registered at when each message was sent.
+    pub queued_for: Vec<Option<(u8, u8)>>,
+    /// The sender was told its `send` succeeded.
+    pub sent_ok: Vec<bool>,
+    /// Reminders the senders received.
+    pub reminders: Vec<ReminderLog>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct State {
     pub now: Millis,
-    /// The durable store: one record per enrolled message.
+    /// The durable store: one committed record per enrolled message. A crash keeps it.
     pub store: Vec<Option<Delivery>>,
+    /// Records computed but not committed yet, per message: a crash loses them. Only a
+    /// planted `send` that answers before enrolling leaves one here.
+    pub uncommitted: Vec<Option<Delivery>>,
     /// The engine's memory, lost in a crash.
     pub inflight: Vec<Inflight>,
     pub msgs: Vec<MsgState>,
-    pub session: Session,
+    pub recipients: Vec<Recipient>,
+    /// What landed in the recipients' sessions, in order (each entry's message names its
+    /// recipient): their histories, which a scan searches.
     pub history: Vec<Landed>,
-    /// Where the recipient is registered now: one of two destinations (two URLs of one
-    /// agent id), which a person can switch back and forth.
-    pub dest: u8,
-    pub agent_down: bool,
     pub outage: bool,
     pub paused: bool,
     pub blocked: bool,
@@ -228,6 +295,8 @@ pub struct State {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Action {
     Send(u8),
+    /// Planted `send` only: the delivery's enrolment, committed after the answer.
+    CommitEnrolment(u8),
     Pass(u8),
     Boundary(u8),
     Land(u8, Landing),
@@ -236,38 +305,46 @@ pub enum Action {
     LoseReply(u8),
     WriteTimesOut(u8),
     Crash,
-    TurnEnds(Option<TurnFailure>),
-    ForeignTurnStarts,
-    ForeignTurnEnds,
+    /// Recipient `.0`'s turn ends.
+    TurnEnds(u8, Option<TurnFailure>),
+    ForeignTurnStarts(u8),
+    ForeignTurnEnds(u8),
     OutageStarts,
     OutageEnds,
-    AgentDown,
-    AgentUp,
+    AgentDown(u8),
+    AgentUp(u8),
     Read(u8),
     WorkDone(u8),
+    /// The engine reminds the sender of overdue work (`model::work::reminder_due`).
+    Remind(u8),
     Release(u8),
     TogglePause,
     ToggleBlock,
-    EndpointChanges,
+    EndpointChanges(u8),
     BodyChanges(u8),
     Advance(Millis, bool),
 }
 
-/// The agent as registered at destination `dest`: the same agent id, provider and endpoint,
-/// another URL (the route), as a re-registration with `--set url=…` makes it.
-fn target(dest: u8) -> Target {
+/// Recipient `r` as registered at destination `dest`: the same agent id, provider and
+/// endpoint, another URL (the route), as a re-registration with `--set url=…` makes it.
+pub fn target(r: u8, dest: u8) -> Target {
     Target {
-        agent: model::AgentId::new("rcpt"),
+        agent: model::AgentId::new(format!("rcpt{r}")),
         provider: Provider::Command,
         endpoint: "s".to_owned(),
         cwd: "/w".to_owned(),
-        route: [("url".to_owned(), format!("\"http://d{dest}/\""))].into(),
+        route: [("url".to_owned(), format!("\"http://rcpt{r}.d{dest}/\""))].into(),
     }
 }
 
-/// Which destination a target's route addresses: how the engine's adapter resolves it.
-fn dest_of(target: &Target) -> u8 {
-    u8::from(target.route.get("url").is_some_and(|u| u.contains("d1")))
+/// Which recipient and destination a target's route addresses: how the engine's adapter
+/// resolves it.
+fn dest_of(target: &Target) -> (u8, u8) {
+    let url = target.route.get("url").map_or("", String::as_str);
+    (
+        u8::from(url.contains("rcpt1.")),
+        u8::from(url.contains(".d1/")),
+    )
 }
 
 fn request_id(msg: usize, series: usize) -> RequestId {
@@ -347,13 +424,36 @@ impl World {
         }
     }
 
-    fn activity(s: &State) -> Activity {
-        if s.agent_down {
+    /// The recipient of message `k`.
+    fn to(&self, k: usize) -> usize {
+        self.messages[k].to as usize
+    }
+
+    /// How many recipients the world has: as many as its messages address (at least one).
+    pub fn recipient_count(&self) -> usize {
+        self.messages
+            .iter()
+            .map(|m| m.to as usize + 1)
+            .max()
+            .unwrap_or(1)
+    }
+
+    /// Another delivery to the same recipient that is active (SPEC §2.2 step 8).
+    fn earlier_active(&self, s: &State, k: usize) -> Option<MessageId> {
+        s.store.iter().enumerate().find_map(|(j, d)| {
+            d.as_ref()
+                .filter(|d| j != k && self.to(j) == self.to(k) && d.is_active())
+                .map(|d| d.core().message().clone())
+        })
+    }
+
+    fn activity(s: &State, r: usize) -> Activity {
+        if s.recipients[r].down {
             Activity::Unknown {
                 detail: "agent host down".to_owned(),
             }
         } else {
-            match s.session {
+            match s.recipients[r].session {
                 Session::Idle => Activity::Idle,
                 Session::Ours(i) => Activity::Busy {
                     turn: Some(TurnId::new(format!("t{i}"))),
@@ -377,8 +477,9 @@ impl World {
         }
     }
 
-    fn observe(s: &State, request_id: &RequestId) -> Observed {
-        if s.agent_down {
+    /// What recipient `r`'s session says about `request_id`, from its own history.
+    fn observe(&self, s: &State, r: usize, request_id: &RequestId) -> Observed {
+        if s.recipients[r].down {
             return Observed::Unreachable {
                 detail: "agent host down".to_owned(),
             };
@@ -387,7 +488,7 @@ impl World {
             .history
             .iter()
             .enumerate()
-            .find(|(_, l)| &l.request_id == request_id)
+            .find(|(_, l)| self.to(l.msg as usize) == r && &l.request_id == request_id)
         {
             None => Observed::NotFound,
             Some((i, landed)) => {
@@ -406,6 +507,7 @@ impl World {
     }
 
     fn pass(&self, s: &mut State, k: usize) {
+        let r = self.to(k);
         self.apply(s, k, EventKind::TimePassed);
         let series = s.store[k]
             .as_ref()
@@ -415,7 +517,7 @@ impl World {
             read_by_recipient: s.msgs[k].read,
             work_open: self.work_open(s, k),
             permission: Self::permission(s),
-            recipient: Some(target(s.dest)),
+            recipient: Some(target(r as u8, s.recipients[r].dest)),
             one_shot: false,
             outage: s.outage.then(|| "provider outage".to_owned()),
             fresh_request_id: request_id(k, series),
@@ -433,25 +535,21 @@ impl World {
         while let Some(effect) = (!effects.is_empty()).then(|| effects.remove(0)) {
             let more = match effect {
                 Effect::CheckActivity => {
-                    let activity = Self::activity(s);
+                    let activity = Self::activity(s, r);
                     self.apply(s, k, EventKind::ActivityObserved { activity })
                 }
                 Effect::Reserve => {
                     if self.policy.planted(PlantedBug::ReserveAfterWrite) {
                         // The bug: the write goes out first, the reservation is committed
                         // later (CommitLate), and a crash in between forgets it.
-                        let outcome = self.land(s, k, Landing::Lands, false);
+                        let outcome = self.land(s, k, Landing::Lands);
                         s.inflight.push(Inflight {
                             msg: k as u8,
                             phase: Phase::Uncommitted(outcome.unwrap_or(WriteOutcome::TimedOut)),
                         });
                         Vec::new()
                     } else {
-                        let earlier_active = s.store.iter().enumerate().find_map(|(j, d)| {
-                            d.as_ref()
-                                .filter(|d| j != k && d.is_active())
-                                .map(|d| d.core().message().clone())
-                        });
+                        let earlier_active = self.earlier_active(s, k);
                         self.apply(s, k, EventKind::Reservation { earlier_active })
                     }
                 }
@@ -465,14 +563,14 @@ impl World {
                     Vec::new()
                 }
                 Effect::Observe { request_id } => {
-                    let observed = Self::observe(s, &request_id);
+                    let observed = self.observe(s, r, &request_id);
                     self.apply(s, k, EventKind::Observation { observed })
                 }
                 Effect::ScanHistory { request_id } => {
-                    let scan = if s.agent_down {
+                    let scan = if s.recipients[r].down {
                         ScanResult::NothingFound { complete: false }
                     } else {
-                        match Self::observe(s, &request_id) {
+                        match self.observe(s, r, &request_id) {
                             Observed::NotFound | Observed::Unreachable { .. } => {
                                 ScanResult::NothingFound { complete: true }
                             }
@@ -496,18 +594,19 @@ impl World {
     /// The send boundary, committed: permission, registration and activity re-checked.
     fn boundary(&self, s: &mut State, slot: usize) {
         let k = s.inflight[slot].msg as usize;
+        let r = self.to(k);
         let event = EventKind::SendBoundary {
             permission: Self::permission(s),
-            recipient: Some(target(s.dest)),
-            activity: Self::activity(s),
+            recipient: Some(target(r as u8, s.recipients[r].dest)),
+            activity: Self::activity(s, r),
             work_open: self.work_open(s, k),
         };
         let effects = self.apply(s, k, event);
         if effects.iter().any(|e| matches!(e, Effect::Write { .. })) {
-            if s.agent_down {
+            if s.recipients[r].down {
                 s.ghost.issued_while_unknown = true;
             }
-            if s.ghost.queued_for[k] != Some(s.dest) {
+            if s.ghost.queued_for[k] != Some((r as u8, s.recipients[r].dest)) {
                 s.ghost.issued_to_moved_agent = true;
             }
             let is_resend = s.store[k]
@@ -523,29 +622,30 @@ impl World {
     }
 
     /// A write reaches the recipient's app (or is lost on the way); returns the reply.
-    fn land(
-        &self,
-        s: &mut State,
-        k: usize,
-        how: Landing,
-        committed_before: bool,
-    ) -> Option<WriteOutcome> {
+    fn land(&self, s: &mut State, k: usize, how: Landing) -> Option<WriteOutcome> {
         let record = s.store[k].as_ref()?;
         let request_id = record.core().request_id().clone();
         // The engine's adapter addresses the target frozen in the record; the planted bug
         // resolves the registration as it is at the moment of writing.
+        let (to, frozen_dest) = dest_of(record.core().target());
         let landed_at = if self.policy.planted(PlantedBug::ResolveAtWrite) {
-            s.dest
+            (to, s.recipients[to as usize].dest)
         } else {
-            dest_of(record.core().target())
+            (to, frozen_dest)
         };
+        // The recipient looks the reservation up in the durable store as the write arrives.
+        let committed_before = matches!(
+            record,
+            Delivery::Sending(x) if x.core().request_id() == &request_id && x.write_issued()
+        );
+        let r = to as usize;
         let mut log = WriteLog {
             msg: k as u8,
             request_id: request_id.clone(),
             landed_at,
-            session_busy: s.session != Session::Idle,
+            session_busy: s.recipients[r].session != Session::Idle,
             refused: false,
-            activity_unknown: s.agent_down,
+            activity_unknown: s.recipients[r].down,
             committed_before,
         };
         let outcome = match how {
@@ -554,7 +654,7 @@ impl World {
                 s.ghost.lost_writes.push(request_id);
                 return None;
             }
-            _ if s.agent_down => {
+            _ if s.recipients[r].down => {
                 log.refused = true;
                 WriteOutcome::Refused {
                     detail: "connection refused".to_owned(),
@@ -575,7 +675,7 @@ impl World {
                     status: TurnStatus::Running,
                     ended_at: None,
                 });
-                s.session = Session::Ours(index as u8);
+                s.recipients[r].session = Session::Ours(index as u8);
                 let echoed = if how == Landing::Inexact {
                     s.left.inexact_receipts -= 1;
                     None
@@ -610,38 +710,79 @@ impl World {
                 ));
             }
         }
-        out.retain(|(t, _)| *t > s.now && t.0 <= self.horizon_ms);
+        // The engine sleeps until the next reminder falls due at the latest (it wakes then
+        // and runs its housekeeping): the clock never jumps past that instant.
+        let mut wake = Millis(self.horizon_ms);
+        for (k, m) in s.msgs.iter().enumerate() {
+            // When a reminder falls due, and the instant just past SPEC's lag, when G7
+            // judges whether open work was reminded in time.
+            if let Some(t) =
+                model::work::next_reminder_at(m.due_at, self.work_open(s, k), m.reminded_at)
+            {
+                out.push((t, false));
+                out.push((t.plus_ms(REMINDER_LAG_MS + 1), false));
+                if t > s.now {
+                    wake = wake.min(t);
+                }
+            }
+        }
+        out.retain(|(t, _)| *t > s.now && *t <= wake);
         out.sort();
         out.dedup();
         out
+    }
+
+    /// Whether the engine reminds the sender of message `k` now.
+    fn reminder_due(&self, s: &State, k: usize) -> bool {
+        let m = &s.msgs[k];
+        model::work::reminder_due(
+            m.due_at,
+            self.work_open(s, k),
+            m.reminded_at,
+            s.now,
+            &self.policy,
+        )
     }
 
     fn non_time_actions(&self, s: &State, actions: &mut Vec<Action>) {
         let n = self.messages.len();
         for k in 0..n {
             let k8 = k as u8;
-            if s.store[k].is_none() {
+            if !s.ghost.sent_ok[k] {
                 // Messages are sent in order.
-                if k == 0 || s.store[k - 1].is_some() {
+                if k == 0 || s.ghost.sent_ok[k - 1] {
                     actions.push(Action::Send(k8));
                 }
-            } else {
+                continue;
+            }
+            if s.uncommitted[k].is_some() {
+                actions.push(Action::CommitEnrolment(k8));
+            }
+            if self.reminder_due(s, k) {
+                actions.push(Action::Remind(k8));
+            }
+            let Some(record) = &s.store[k] else {
+                continue;
+            };
+            let never_looked_at = self.plant == Some(WorldPlant::ScanNeverRescheduled)
+                && record.kind() == StateKind::Uncertain;
+            if !never_looked_at {
                 actions.push(Action::Pass(k8));
-                if s.left.reads > 0 && !s.msgs[k].read {
-                    actions.push(Action::Read(k8));
-                }
-                if s.left.work_done > 0
-                    && !s.msgs[k].work_done
-                    && self.messages[k].kind == MessageKind::Work
-                {
-                    actions.push(Action::WorkDone(k8));
-                }
-                if s.left.releases > 0 {
-                    actions.push(Action::Release(k8));
-                }
-                if s.left.body_changes > 0 && !s.msgs[k].body_changed {
-                    actions.push(Action::BodyChanges(k8));
-                }
+            }
+            if s.left.reads > 0 && !s.msgs[k].read {
+                actions.push(Action::Read(k8));
+            }
+            if s.left.work_done > 0
+                && !s.msgs[k].work_done
+                && self.messages[k].kind == MessageKind::Work
+            {
+                actions.push(Action::WorkDone(k8));
+            }
+            if s.left.releases > 0 {
+                actions.push(Action::Release(k8));
+            }
+            if s.left.body_changes > 0 && !s.msgs[k].body_changed {
+                actions.push(Action::BodyChanges(k8));
             }
         }
         for f in &s.inflight {
@@ -669,28 +810,43 @@ impl World {
                 Phase::Uncommitted(_) => actions.push(Action::CommitLate(f.msg)),
             }
         }
-        if s.left.crashes > 0 && !s.inflight.is_empty() {
+        let memory = !s.inflight.is_empty() || s.uncommitted.iter().any(Option::is_some);
+        if s.left.crashes > 0 && memory {
             actions.push(Action::Crash);
         }
-        match s.session {
-            Session::Ours(_) => {
-                actions.push(Action::TurnEnds(None));
-                if s.left.errored_turns > 0 {
-                    actions.push(Action::TurnEnds(Some(TurnFailure::Errored)));
+        for (r, rcpt) in s.recipients.iter().enumerate() {
+            let r8 = r as u8;
+            match rcpt.session {
+                Session::Ours(_) => {
+                    actions.push(Action::TurnEnds(r8, None));
+                    if s.left.errored_turns > 0 {
+                        actions.push(Action::TurnEnds(r8, Some(TurnFailure::Errored)));
+                    }
+                    if s.left.interrupted_turns > 0 {
+                        actions.push(Action::TurnEnds(r8, Some(TurnFailure::Interrupted)));
+                    }
                 }
-                if s.left.interrupted_turns > 0 {
-                    actions.push(Action::TurnEnds(Some(TurnFailure::Interrupted)));
+                Session::Foreign => actions.push(Action::ForeignTurnEnds(r8)),
+                Session::Idle => {
+                    // The re-check at the send boundary and the write reach the app together
+                    // (each adapter checks the session as it writes), so a person's turn
+                    // cannot slip in between them.
+                    let writing = s
+                        .inflight
+                        .iter()
+                        .any(|f| f.phase == Phase::Issued && self.to(f.msg as usize) == r);
+                    if s.left.foreign_turns > 0 && !writing {
+                        actions.push(Action::ForeignTurnStarts(r8));
+                    }
                 }
             }
-            Session::Foreign => actions.push(Action::ForeignTurnEnds),
-            Session::Idle => {
-                // The re-check at the send boundary and the write reach the app together
-                // (each adapter checks the session as it writes), so a person's turn cannot
-                // slip in between them.
-                let writing = s.inflight.iter().any(|f| f.phase == Phase::Issued);
-                if s.left.foreign_turns > 0 && !writing {
-                    actions.push(Action::ForeignTurnStarts);
-                }
+            if rcpt.down {
+                actions.push(Action::AgentUp(r8));
+            } else if s.left.agent_downs > 0 {
+                actions.push(Action::AgentDown(r8));
+            }
+            if s.left.endpoint_changes > 0 {
+                actions.push(Action::EndpointChanges(r8));
             }
         }
         if s.outage {
@@ -698,19 +854,11 @@ impl World {
         } else if s.left.outages > 0 {
             actions.push(Action::OutageStarts);
         }
-        if s.agent_down {
-            actions.push(Action::AgentUp);
-        } else if s.left.agent_downs > 0 {
-            actions.push(Action::AgentDown);
-        }
         if s.paused || s.left.pauses > 0 {
             actions.push(Action::TogglePause);
         }
         if s.blocked || s.left.blocks > 0 {
             actions.push(Action::ToggleBlock);
-        }
-        if s.left.endpoint_changes > 0 {
-            actions.push(Action::EndpointChanges);
         }
     }
 }
@@ -721,15 +869,19 @@ impl Model for World {
 
     fn init_states(&self) -> Vec<State> {
         let n = self.messages.len();
+        let recipient = Recipient {
+            session: Session::Idle,
+            dest: 0,
+            down: false,
+        };
         vec![State {
             now: Millis(0),
             store: vec![None; n],
+            uncommitted: vec![None; n],
             inflight: Vec::new(),
             msgs: vec![MsgState::default(); n],
-            session: Session::Idle,
+            recipients: vec![recipient; self.recipient_count()],
             history: Vec::new(),
-            dest: 0,
-            agent_down: false,
             outage: false,
             paused: false,
             blocked: false,
@@ -737,6 +889,7 @@ impl Model for World {
             ghost: Ghost {
                 reservations: vec![0; n],
                 queued_for: vec![None; n],
+                sent_ok: vec![false; n],
                 ..Ghost::default()
             },
         }]
@@ -754,9 +907,11 @@ impl Model for World {
             actions.clear();
         }
         // A write in flight resolves (lands, is refused or lost) within the adapter's request
-        // timeout, far below the sending timeout: time does not jump over it.
+        // timeout, far below the sending timeout: time does not jump over it. Nor does it
+        // jump over a reminder that is due: the engine wakes when one falls due.
         let writing = s.inflight.iter().any(|f| f.phase == Phase::Issued);
-        if !writing && (self.urgent || s.left.time_jumps > 0) {
+        let reminding = (0..s.msgs.len()).any(|k| self.reminder_due(s, k));
+        if !writing && !reminding && (self.urgent || s.left.time_jumps > 0) {
             for (t, long) in self.deadlines(s) {
                 actions.push(Action::Advance(t, long));
             }
@@ -769,9 +924,11 @@ impl Model for World {
             Action::Send(k) => {
                 let k = k as usize;
                 let msg = &self.messages[k];
+                let r = msg.to;
+                let dest = s.recipients[r as usize].dest;
                 let core = Core::enrol(
                     MessageId::new(format!("m{k}")),
-                    target(s.dest),
+                    target(r, dest),
                     msg.kind,
                     body_hash(msg, k, false),
                     request_id(k, 0),
@@ -782,11 +939,23 @@ impl Model for World {
                         .as_ref()
                         .is_some_and(|d| !d.is_settled() && d.kind() != StateKind::Failed)
                 });
-                s.ghost.queued_for[k] = Some(s.dest);
-                s.store[k] = Some(model::enrol(
-                    core,
-                    duplicate_of.map(|j| MessageId::new(format!("m{j}"))),
-                ));
+                s.ghost.queued_for[k] = Some((r, dest));
+                s.ghost.sent_ok[k] = true;
+                s.msgs[k].due_at = msg.due_ms.map(|ms| s.now.plus_ms(ms));
+                let record =
+                    model::enrol(core, duplicate_of.map(|j| MessageId::new(format!("m{j}"))));
+                if self.plant == Some(WorldPlant::EnrolAfterCommit) {
+                    // The bug: the sender is told "sent" before the delivery is committed.
+                    s.uncommitted[k] = Some(record);
+                } else {
+                    // The message and its delivery commit in one transaction, then `send`
+                    // answers.
+                    s.store[k] = Some(record);
+                }
+            }
+            Action::CommitEnrolment(k) => {
+                let k = k as usize;
+                s.store[k] = s.uncommitted[k].take();
             }
             Action::Pass(k) => self.pass(&mut s, k as usize),
             Action::Boundary(k) => {
@@ -795,7 +964,7 @@ impl Model for World {
             }
             Action::Land(k, how) => {
                 let slot = s.inflight.iter().position(|f| f.msg == k)?;
-                let reply = self.land(&mut s, k as usize, how, true);
+                let reply = self.land(&mut s, k as usize, how);
                 s.inflight[slot].phase = Phase::Awaiting(reply);
             }
             Action::CommitLate(k) => {
@@ -811,9 +980,10 @@ impl Model for World {
                         earlier_active: None,
                     },
                 );
+                let r = self.to(k);
                 let boundary = EventKind::SendBoundary {
                     permission: Permission::Allowed,
-                    recipient: Some(target(s.dest)),
+                    recipient: Some(target(r as u8, s.recipients[r].dest)),
                     activity: Activity::Idle,
                     work_open: true,
                 };
@@ -843,9 +1013,14 @@ impl Model for World {
                 for f in std::mem::take(&mut s.inflight) {
                     s.ghost.crashed_mid_write.push(f.msg);
                 }
+                // Whatever was computed and not committed is gone with the process.
+                for u in &mut s.uncommitted {
+                    *u = None;
+                }
             }
-            Action::TurnEnds(failure) => {
-                let Session::Ours(i) = s.session else {
+            Action::TurnEnds(r, failure) => {
+                let r = r as usize;
+                let Session::Ours(i) = s.recipients[r].session else {
                     return None;
                 };
                 s.history[i as usize].ended_at = Some(s.now);
@@ -859,30 +1034,46 @@ impl Model for World {
                         TurnStatus::Failed(f)
                     }
                 };
-                s.session = Session::Idle;
+                s.recipients[r].session = Session::Idle;
             }
-            Action::ForeignTurnStarts => {
+            Action::ForeignTurnStarts(r) => {
                 s.left.foreign_turns -= 1;
-                s.session = Session::Foreign;
+                s.recipients[r as usize].session = Session::Foreign;
             }
-            Action::ForeignTurnEnds => s.session = Session::Idle,
+            Action::ForeignTurnEnds(r) => s.recipients[r as usize].session = Session::Idle,
             Action::OutageStarts => {
                 s.left.outages -= 1;
                 s.outage = true;
             }
             Action::OutageEnds => s.outage = false,
-            Action::AgentDown => {
+            Action::AgentDown(r) => {
                 s.left.agent_downs -= 1;
-                s.agent_down = true;
+                s.recipients[r as usize].down = true;
             }
-            Action::AgentUp => s.agent_down = false,
+            Action::AgentUp(r) => s.recipients[r as usize].down = false,
             Action::Read(k) => {
                 s.left.reads -= 1;
                 s.msgs[k as usize].read = true;
             }
             Action::WorkDone(k) => {
                 s.left.work_done -= 1;
-                s.msgs[k as usize].work_done = true;
+                let m = &mut s.msgs[k as usize];
+                m.work_done = true;
+                if m.due_at.is_some() {
+                    m.returned_at = Some(s.now);
+                }
+            }
+            Action::Remind(k) => {
+                // One transaction: the notification to the sender (never a delivery: nothing
+                // is enrolled for it) and the work row's `reminded_at`.
+                let k = k as usize;
+                let work_open = self.work_open(&s, k);
+                s.msgs[k].reminded_at = Some(s.now);
+                s.ghost.reminders.push(ReminderLog {
+                    msg: k as u8,
+                    at: s.now,
+                    work_open,
+                });
             }
             Action::Release(k) => {
                 s.left.releases -= 1;
@@ -900,9 +1091,9 @@ impl Model for World {
                 }
                 s.blocked = !s.blocked;
             }
-            Action::EndpointChanges => {
+            Action::EndpointChanges(r) => {
                 s.left.endpoint_changes -= 1;
-                s.dest ^= 1;
+                s.recipients[r as usize].dest ^= 1;
             }
             Action::BodyChanges(k) => {
                 s.left.body_changes -= 1;
