@@ -327,6 +327,7 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
     let mut last_check = Duration::ZERO;
     let mut released: BTreeSet<String> = BTreeSet::new();
     let mut faults_on: BTreeMap<String, u32> = BTreeMap::new();
+    let mut reregistered: BTreeSet<String> = BTreeSet::new();
     let checker = rusqlite::Connection::open(&db).map_err(|e| e.to_string())?;
     loop {
         let now = sim.elapsed();
@@ -339,6 +340,9 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
             let n = faults_on.entry(key).or_default();
             let (was, now_on) = (*n, if start { *n + 1 } else { n.saturating_sub(1) });
             *n = now_on;
+            if let (FaultKind::Reregistered(a), true) = (&kind, start) {
+                reregistered.insert(names[*a].clone());
+            }
             if (was == 0) != (now_on == 0) {
                 apply(
                     &mut sim, &db, &names, &agents, &page, &trace, now, start, &kind,
@@ -386,7 +390,7 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .clone();
-    let facts = gather(
+    let mut facts = gather(
         &checker,
         &names,
         &agents,
@@ -396,6 +400,7 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
         healed_at,
         virtual_time,
     )?;
+    facts.reregistered = reregistered;
     let mut verdicts = oracle::judge(&facts, SETTLE_LIMIT);
     let mut ran = oracle::Verdict {
         key: "sim",
@@ -902,6 +907,15 @@ fn gather(
             .windows
             .clone(),
         released: released.clone(),
+        reregistered: BTreeSet::new(),
+        busy_answers: agents
+            .iter()
+            .map(|a| {
+                a.lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .busy_answers
+            })
+            .sum(),
         registered: {
             let mut st = c.prepare("SELECT id, settings FROM agents").map_err(err)?;
             st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))

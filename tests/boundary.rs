@@ -169,7 +169,7 @@ fn nothing_is_written_while_the_activity_cannot_be_verified() {
     let s = session.lock().unwrap();
     assert!(
         s.blind.is_empty(),
-        "nothing is written while the activity is unknown: {:?} arrived right after an unreadable answer",
+        "G3: nothing is written while the activity is unknown: {:?} arrived right after an unreadable answer",
         s.blind
     );
     assert_eq!(s.taken.len(), 1, "one write");

@@ -26,8 +26,28 @@ const SAME_ROUND: Duration = Duration::from_millis(150);
 
 #[derive(Default)]
 struct Recipient {
-    writes: usize,
+    /// The request id of each write, in order.
+    writes: Vec<String>,
     answers: Vec<Answer>,
+}
+
+impl Recipient {
+    /// G2 and G4, judged as the writes arrive: one write, answered 500, and nothing after it
+    /// (no second write of the request id, no resend of an UNCERTAIN delivery).
+    fn judge(&self) {
+        if let [first, rest @ ..] = self.writes.as_slice() {
+            assert!(
+                !rest.contains(first),
+                "G2: request {first} was written {} times (one write per attempt)",
+                1 + rest.iter().filter(|r| *r == first).count()
+            );
+            assert!(
+                rest.is_empty(),
+                "G4: a write of unknown outcome was resent as {} (an UNCERTAIN delivery is never resent)",
+                rest[0]
+            );
+        }
+    }
 }
 
 /// Serves the command adapter's HTTP protocol: every write is answered 500 before it is
@@ -49,8 +69,9 @@ fn failing_recipient(unanswerable: fn(usize) -> bool) -> (String, Arc<Mutex<Reci
             let app = axum::Router::new()
                 .route(
                     "/",
-                    axum::routing::post(move || {
-                        write.lock().unwrap().writes += 1;
+                    axum::routing::post(move |body: axum::Json<serde_json::Value>| {
+                        let req = body["request_id"].as_str().unwrap_or("?").to_owned();
+                        write.lock().unwrap().writes.push(req);
                         async { (axum::http::StatusCode::INTERNAL_SERVER_ERROR, "{}") }
                     }),
                 )
@@ -105,10 +126,14 @@ fn cancelled_after(unanswerable: fn(usize) -> bool) -> Vec<Answer> {
     let _engine = w.spawn_engine();
     // Liveness: with the recipient reachable, an UNCERTAIN delivery must keep being scanned
     // until it settles; a delivery nobody looks at again stays UNCERTAIN and fails here.
-    w.wait_for(Duration::from_secs(20), |c| c.get("CANCELLED") == Some(&1));
+    w.wait_for(Duration::from_secs(20), |c| {
+        recipient.lock().unwrap().judge();
+        c.get("CANCELLED") == Some(&1)
+    });
     let cancelled_at = Instant::now();
     let s = recipient.lock().unwrap();
-    assert_eq!(s.writes, 1, "one write, answered 500: nothing was resent");
+    s.judge();
+    assert_eq!(s.writes.len(), 1, "one write, answered 500");
     s.answers
         .iter()
         .filter(|a| a.at <= cancelled_at)

@@ -102,6 +102,12 @@ fn a_sweep_catches_an_uncertain_delivery_never_looked_at_again() {
 
 #[cfg(feature = "planted-bugs")]
 #[test]
+fn a_sweep_catches_a_write_of_unknown_outcome_written_again() {
+    caught_within("retry_unknown_write", "G2", 20);
+}
+
+#[cfg(feature = "planted-bugs")]
+#[test]
 fn a_sweep_catches_a_cancel_after_two_complete_scans() {
     // Shows only when a scan between two complete ones an hour apart cannot read the
     // recipient's history (a history outage).

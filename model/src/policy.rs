@@ -197,6 +197,9 @@ pub enum PlantedBug {
     /// The destination is resolved when writing, from the registration as it is then, and a
     /// changed route is not seen as a new destination (breaks G1).
     ResolveAtWrite,
+    /// A write whose outcome is unknown (a timeout, a server error) is written again at once
+    /// with the same request id, the naive retry (breaks G2; engine-level).
+    RetryUnknownWrite,
 }
 
 #[cfg(test)]

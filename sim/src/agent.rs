@@ -112,6 +112,8 @@ pub struct AgentState {
     pub unanswered_queries: Vec<(Duration, String)>,
     /// The history cannot be read now (a fault): status queries answer 503.
     pub history_down: bool,
+    /// Activity answers that forbade a write: "busy", or unreadable (503).
+    pub busy_answers: usize,
     /// The last activity answer, and the turn it was about (its start), if busy.
     last_answer: Option<(&'static str, Option<Duration>)>,
     /// Looks up each arriving write's reservation (none: every write counts as reserved).
@@ -137,6 +139,7 @@ impl AgentState {
             status_queries: Vec::new(),
             unanswered_queries: Vec::new(),
             history_down: false,
+            busy_answers: 0,
             last_answer: None,
             reservations: None,
             trace: Vec::new(),
@@ -195,10 +198,14 @@ impl AgentState {
             ("POST", "/turn") => self.write(req, now),
             ("GET", "/activity") => {
                 if self.chance(self.rates.unknown_activity) {
+                    self.busy_answers += 1;
                     self.last_answer = Some(("unknown", None));
                     return (503, "{}".to_owned());
                 }
                 let status = if self.busy() { "busy" } else { "idle" };
+                if self.busy() {
+                    self.busy_answers += 1;
+                }
                 self.last_answer = Some((status, self.turn.as_ref().map(|t| t.began_at)));
                 if !self.busy() && self.chance(self.rates.racing_turn) {
                     // A person starts typing right after the engine looked.

@@ -108,6 +108,10 @@ pub struct Run {
     pub released: BTreeSet<String>,
     /// Where each agent is registered at the end (its host).
     pub registered: BTreeMap<String, String>,
+    /// Agents a person re-registered at another host during the run.
+    pub reregistered: BTreeSet<String>,
+    /// Activity answers that forbade a write: "busy", or unreadable (503).
+    pub busy_answers: usize,
     pub healed_at: Option<Duration>,
     pub end: Duration,
 }
@@ -209,7 +213,11 @@ pub fn g1_exact_recipient(run: &Run) -> Verdict {
         let Some(d) = owners.get(w.write.request_id.as_str()) else {
             continue; // G2 judges writes that belong to no delivery
         };
-        v.exercised += 1;
+        // Exercised: a write to an agent that was re-registered elsewhere during the run,
+        // where a redirect could have happened.
+        if run.reregistered.contains(&d.recipient) {
+            v.exercised += 1;
+        }
         let queued_for = queued.get(d.id.as_str()).copied();
         if queued_for.is_some_and(|q| q != w.host) || w.write.addressed_to != d.recipient {
             v.violations.push(format!(
@@ -240,7 +248,11 @@ pub fn g2_one_write_per_attempt(run: &Run) -> Verdict {
             .push(w);
     }
     for (rid, got) in &by_id {
-        v.exercised += 1;
+        // Exercised: a request id whose write was refused or failed (a 409 or a 500), where
+        // an engine could be tempted to write it again.
+        if got.iter().any(|g| !g.write.taken) {
+            v.exercised += 1;
+        }
         if !owners.contains_key(rid) {
             v.violations.push(format!(
                 "a write with request {} belongs to no delivery",
@@ -275,8 +287,13 @@ pub fn g2_one_write_per_attempt(run: &Run) -> Verdict {
 /// the engine's full state history, not samples).
 pub fn g3_never_interrupt(run: &Run) -> Verdict {
     let mut v = Verdict::new("G3", "never interrupt");
+    // Exercised: each answer that forbade a write (busy, unreadable), and each write that
+    // arrived while the session was in a turn.
+    v.exercised = run.busy_answers;
     for w in &run.writes {
-        v.exercised += 1;
+        if w.write.busy_since.is_some() {
+            v.exercised += 1;
+        }
         match w.write.last_answer {
             Some("busy") => v.violations.push(format!(
                 "{} was sent {} at {} after it had answered that its turn was still running",
@@ -440,7 +457,6 @@ pub fn g5_honest_release(run: &Run) -> Verdict {
     let mut v = Verdict::new("G5", "honest release");
     let spec = Policy::default();
     for d in run.deliveries.iter().filter(|d| d.state == "CANCELLED") {
-        v.exercised += 1;
         let Some(current) = d.request_ids.last() else {
             continue;
         };
@@ -448,6 +464,8 @@ pub fn g5_honest_release(run: &Run) -> Verdict {
             // A person who knew how it ended released it (SPEC §2.4): whatever was taken.
             continue;
         }
+        // Exercised: a cancel by history scans.
+        v.exercised += 1;
         if let Some(w) = run
             .writes
             .iter()

@@ -690,7 +690,16 @@ async fn deliver(
                 })?
             }
             Effect::Write { request_id, .. } => {
-                let outcome = write_now(ctx, svc, id, &agent, request_id.as_str(), report).await?;
+                let mut outcome =
+                    write_now(ctx, svc, id, &agent, request_id.as_str(), report).await?;
+                if ctx.policy.planted(model::PlantedBug::RetryUnknownWrite)
+                    && matches!(
+                        outcome,
+                        model::WriteOutcome::TimedOut | model::WriteOutcome::Failed { .. }
+                    )
+                {
+                    outcome = write_now(ctx, svc, id, &agent, request_id.as_str(), report).await?;
+                }
                 apply(ctx, svc, id, report, |_| {
                     Ok(EventKind::WriteResult { outcome })
                 })?
