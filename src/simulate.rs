@@ -261,6 +261,7 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
     let page: Page = Arc::new(Mutex::new(StatusPage::default()));
     let stop = Arc::new(AtomicBool::new(false));
     let sent: Arc<Mutex<Vec<Sent>>> = Arc::default();
+    let holds: Arc<Mutex<Vec<oracle::HoldRow>>> = Arc::default();
 
     let mut sim = sim::turmoil::Builder::new()
         .simulation_duration(FAULT_PHASE + SETTLE_LIMIT + Duration::from_secs(3_600))
@@ -306,9 +307,16 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
         let trace = trace.clone();
         let stop = stop.clone();
         let sent = sent.clone();
+        let holds = holds.clone();
         let handoffs = plan.handoffs;
         sim.client("driver", async move {
-            driver(&db, seed, &names, handoffs, &trace, &sent, &stop).await?;
+            let person = Person {
+                trace: &trace,
+                sent: &sent,
+                holds: &holds,
+                stop: &stop,
+            };
+            driver(&db, seed, &names, handoffs, &person).await?;
             Ok(())
         });
     }
@@ -401,6 +409,11 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
         virtual_time,
     )?;
     facts.reregistered = reregistered;
+    facts.holds.clone_from(
+        &holds
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
     let mut verdicts = oracle::judge(&facts, SETTLE_LIMIT);
     let mut ran = oracle::Verdict {
         key: "sim",
@@ -627,21 +640,127 @@ fn heal(
 
 /// The driver: sends the plan's handoffs over the send window (half of them work, some with
 /// a due time), then returns work whose turn returned, as its recipient would.
+/// What the driver shares with the run: its trace, what it sent, the holds it made, and
+/// when to stop.
+struct Person<'a> {
+    trace: &'a Trace,
+    sent: &'a Mutex<Vec<Sent>>,
+    holds: &'a Mutex<Vec<oracle::HoldRow>>,
+    stop: &'a AtomicBool,
+}
+
+/// A hold the driver makes for a while: sending paused, or one connection blocked.
+struct Hold {
+    pair: Option<(usize, usize)>,
+    from: Duration,
+    until: Duration,
+    on: bool,
+    done: bool,
+}
+
+/// Starts or ends the holds whose time has come.
+fn holds_due(
+    svc: &mut Service,
+    names: &[String],
+    planned: &mut [Hold],
+    person: &Person<'_>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let now = sim::turmoil::elapsed();
+    for h in planned.iter_mut().filter(|h| !h.done) {
+        let start = !h.on && now >= h.from;
+        let end = h.on && now >= h.until;
+        if !start && !end {
+            continue;
+        }
+        let what = match h.pair {
+            None => {
+                svc.config_set("enabled", if start { "false" } else { "true" })?;
+                if start {
+                    "pauses sending"
+                } else {
+                    "resumes sending"
+                }
+                .to_owned()
+            }
+            Some((a, b)) => {
+                svc.set_connection(&names[a], &names[b], end)?;
+                format!(
+                    "{} {} → {}",
+                    if start { "blocks" } else { "allows" },
+                    names[a],
+                    names[b]
+                )
+            }
+        };
+        note(person.trace, "driver", format!("a person {what}"));
+        let mut rows = person
+            .holds
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if start {
+            h.on = true;
+            rows.push(oracle::HoldRow {
+                pair: h.pair.map(|(a, b)| (names[a].clone(), names[b].clone())),
+                from: now,
+                until: None,
+            });
+        } else {
+            h.done = true;
+            let pair = h.pair.map(|(a, b)| (names[a].clone(), names[b].clone()));
+            if let Some(r) = rows
+                .iter_mut()
+                .rev()
+                .find(|r| r.pair == pair && r.until.is_none())
+            {
+                r.until = Some(now);
+            }
+        }
+    }
+    Ok(())
+}
+
 async fn driver(
     db: &Path,
     seed: u64,
     names: &[String],
     handoffs: usize,
-    trace: &Trace,
-    sent: &Mutex<Vec<Sent>>,
-    stop: &AtomicBool,
+    person: &Person<'_>,
 ) -> Result<(), Box<dyn std::error::Error>> {
+    let (trace, sent, stop) = (person.trace, person.sent, person.stop);
     let mut svc = Service::with_clock(Store::open(db)?, sim_clock());
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xd21e);
+    // A person pauses sending, or blocks one connection, for 5 to 15 minutes, in some runs;
+    // drawn from a stream of its own, so the sends of older seeds stay as they were.
+    let mut planned: Vec<Hold> = Vec::new();
+    {
+        let mut hr = ChaCha8Rng::seed_from_u64(seed ^ 0x401d);
+        let window = u64::try_from(SEND_WINDOW.as_millis()).unwrap_or(u64::MAX);
+        let hold = |pair: Option<(usize, usize)>, hr: &mut ChaCha8Rng| {
+            let from = Duration::from_millis(hr.random_range(0..window));
+            let until = from + Duration::from_secs(hr.random_range(300..900));
+            Hold {
+                pair,
+                from,
+                until,
+                on: false,
+                done: false,
+            }
+        };
+        if hr.random_bool(0.3) {
+            planned.push(hold(None, &mut hr));
+        }
+        if hr.random_bool(0.3) {
+            let a = hr.random_range(0..names.len());
+            let b = (a + hr.random_range(1..names.len())) % names.len();
+            planned.push(hold(Some((a, b)), &mut hr));
+        }
+    }
+    let mut returned: Vec<(String, String)> = Vec::new();
     let gap_ms = u64::try_from(SEND_WINDOW.as_millis()).unwrap_or(u64::MAX)
         / u64::try_from(handoffs.max(1)).unwrap_or(1);
     for i in 0..handoffs {
         tokio::time::sleep(Duration::from_millis(rng.random_range(0..2 * gap_ms))).await;
+        holds_due(&mut svc, names, &mut planned, person)?;
         let from = rng.random_range(0..names.len());
         let to = (from + rng.random_range(1..names.len())) % names.len();
         let work = rng.random_bool(0.5);
@@ -683,6 +802,33 @@ async fn driver(
         if stop.load(Ordering::SeqCst) {
             break;
         }
+        holds_due(&mut svc, names, &mut planned, person)?;
+        // Recipients read some of the plain handoffs that reached them; senders close some
+        // of the work returned to them.
+        for name in names {
+            for m in svc.inbox(name, false, 100)? {
+                let delivered = svc
+                    .store
+                    .read(|tx| tx.delivery(&m.id))?
+                    .is_some_and(|d| d.record.kind() == StateKind::Returned);
+                if m.work_id.is_none() && delivered && rng.random_bool(0.5) {
+                    svc.read(&m.id, name)?;
+                    note(trace, "driver", format!("{name} reads {}", short(&m.id)));
+                }
+            }
+        }
+        let mut kept = Vec::new();
+        for (id, sender) in returned.drain(..) {
+            if rng.random_bool(0.5) {
+                match svc.close(&id, &sender, crate::service::Outcome::Accepted, None) {
+                    Ok(_) => note(trace, "driver", format!("{sender} closes {}", short(&id))),
+                    Err(e) => note(trace, "driver", format!("close refused: {e}")),
+                }
+            } else {
+                kept.push((id, sender));
+            }
+        }
+        returned = kept;
         let done = svc.store.read(|tx| {
             let mut out = Vec::new();
             for w in tx.open_work(1_000)? {
@@ -690,22 +836,25 @@ async fn driver(
                     && let Some(d) = tx.delivery(&w.id)?
                     && d.record.kind() == StateKind::Returned
                 {
-                    out.push((w.id.clone(), w.recipient.clone()));
+                    out.push((w.id.clone(), w.recipient.clone(), w.sender.clone()));
                 }
             }
             Ok::<_, crate::store::StoreError>(out)
         })?;
-        for (id, recipient) in done {
+        for (id, recipient, sender) in done {
             if !rng.random_bool(0.7) {
                 continue;
             }
             let _ = svc.accept(&id, &recipient);
             match svc.return_work(&id, &recipient, "done (simulated)", None, false) {
-                Ok(_) => note(
-                    trace,
-                    "driver",
-                    format!("{recipient} returns {}", short(&id)),
-                ),
+                Ok(_) => {
+                    note(
+                        trace,
+                        "driver",
+                        format!("{recipient} returns {}", short(&id)),
+                    );
+                    returned.push((id, sender));
+                }
                 Err(e) => note(trace, "driver", format!("return refused: {e}")),
             }
         }
@@ -908,6 +1057,13 @@ fn gather(
             .clone(),
         released: released.clone(),
         reregistered: BTreeSet::new(),
+        holds: Vec::new(),
+        senders: {
+            let mut st = c.prepare("SELECT id, sender FROM messages").map_err(err)?;
+            st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+                .and_then(Iterator::collect::<rusqlite::Result<BTreeMap<_, _>>>)
+                .map_err(err)?
+        },
         busy_answers: agents
             .iter()
             .map(|a| {

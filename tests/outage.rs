@@ -153,3 +153,35 @@ fn an_outage_holds_the_handoff_until_the_status_page_is_green() {
         "the outage spent no attempt:\n{history}"
     );
 }
+
+#[test]
+fn a_pause_and_a_block_hold_the_handoff_until_lifted() {
+    for (hold, lift) in [
+        (
+            ["config", "enabled", "false"],
+            ["config", "enabled", "true"],
+        ),
+        (["block", "alice", "bob"], ["allow", "alice", "bob"]),
+    ] {
+        let w = World::new();
+        w.ok(&["agent", "add", "alice", "--provider", "demo"]);
+        let script = w.script("rcpt.sh", 0, 0);
+        w.add_command_agent("bob", &script);
+        // A send on a blocked pair is refused, so the block comes once the handoff is
+        // queued; a pause may come before or after. The engine starts with the hold on.
+        let sent = w.json(&["send", "alice", "bob", "wait for it"]);
+        let id = sent["message"]["id"].as_str().unwrap().to_owned();
+        w.ok(&hold);
+        let _engine = w.spawn_engine();
+        std::thread::sleep(Duration::from_secs(2));
+        let history = w.ok(&["status", &id]);
+        assert!(
+            w.runs().is_empty(),
+            "held: nothing runs while {hold:?} holds the handoff:\n{history}"
+        );
+        assert!(history.contains("HELD"), "{hold:?} holds it:\n{history}");
+        w.ok(&lift);
+        w.wait_for(Duration::from_secs(20), |c| c.get("RETURNED") == Some(&1));
+        assert_eq!(w.runs().len(), 1, "delivered once, after {lift:?}");
+    }
+}

@@ -82,6 +82,15 @@ pub struct WorkRow {
 }
 
 /// Everything a run leaves for the oracle.
+/// A while a person held deliveries back: sending paused (`pair` None), or the connection
+/// from one agent to another blocked.
+#[derive(Clone, Debug)]
+pub struct HoldRow {
+    pub pair: Option<(String, String)>,
+    pub from: Duration,
+    pub until: Option<Duration>,
+}
+
 /// How an agent answered one history query.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HistoryAnswer {
@@ -112,6 +121,9 @@ pub struct Run {
     pub reregistered: BTreeSet<String>,
     /// Activity answers that forbade a write: "busy", or unreadable (503).
     pub busy_answers: usize,
+    /// The pauses and blocks a person made, and each delivery's sender.
+    pub holds: Vec<HoldRow>,
+    pub senders: BTreeMap<String, String>,
     pub healed_at: Option<Duration>,
     pub end: Duration,
 }
@@ -703,6 +715,114 @@ pub fn judge(run: &Run, settle_bound: Duration) -> Vec<Verdict> {
         g6_outages_hold(run),
         g7_deadlines(run),
         g8_durability(run),
+        held(run),
         liveness(run, settle_bound),
     ]
+}
+
+/// How long after a person paused sending (or blocked a pair) a reservation may still be
+/// committed: none, since the reservation reads the permission in its own transaction; a
+/// second for the clock's granularity.
+const HOLD_LAG: Duration = Duration::from_secs(1);
+
+/// SPEC §2.2: while sending is paused, or the connection is blocked, nothing is reserved
+/// (the delivery waits HELD).
+pub fn held(run: &Run) -> Verdict {
+    let mut v = Verdict::new("held", "pauses and blocks hold");
+    let recipient: BTreeMap<&str, &str> = run
+        .deliveries
+        .iter()
+        .map(|d| (d.id.as_str(), d.recipient.as_str()))
+        .collect();
+    for e in run.events.iter().filter(|e| e.kind == "state") {
+        let Some((_, to)) = moved(e) else { continue };
+        if to == "HELD" {
+            // Exercised: each time a delivery was held back.
+            v.exercised += 1;
+        }
+        if to != "SENDING" {
+            continue;
+        }
+        let (Some(to_agent), Some(from_agent)) = (
+            recipient.get(e.message.as_str()),
+            run.senders.get(&e.message),
+        ) else {
+            continue;
+        };
+        for h in &run.holds {
+            let during = e.at >= h.from + HOLD_LAG && h.until.is_none_or(|u| e.at < u);
+            let applies = h
+                .pair
+                .as_ref()
+                .is_none_or(|(a, b)| a == from_agent && b == to_agent);
+            if during && applies {
+                v.violations.push(format!(
+                    "{} was reserved at {} while {} (since {})",
+                    short(&e.message),
+                    hms(e.at),
+                    match &h.pair {
+                        None => "sending was paused".to_owned(),
+                        Some((a, b)) => format!("{a} → {b} was blocked"),
+                    },
+                    hms(h.from)
+                ));
+            }
+        }
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{DeliveryRow, EventRow, HoldRow, Run, held};
+    use std::time::Duration;
+
+    fn reserved_at(secs: u64) -> Run {
+        Run {
+            deliveries: vec![DeliveryRow {
+                id: "m1".to_owned(),
+                recipient: "b".to_owned(),
+                state: "RETURNED".to_owned(),
+                request_ids: vec!["r1".to_owned()],
+                error_resends: 0,
+                interrupt_resends: 0,
+                resend_pending: false,
+                had_receipt: false,
+                destination_changed: false,
+                cancelled_by_scans: None,
+            }],
+            events: vec![EventRow {
+                at: Duration::from_secs(secs),
+                message: "m1".to_owned(),
+                kind: "state".to_owned(),
+                detail: "WAITING → SENDING: attempt 1 is reserved".to_owned(),
+            }],
+            senders: [("m1".to_owned(), "a".to_owned())].into(),
+            holds: vec![HoldRow {
+                pair: Some(("a".to_owned(), "b".to_owned())),
+                from: Duration::from_secs(100),
+                until: Some(Duration::from_secs(200)),
+            }],
+            ..Run::default()
+        }
+    }
+
+    #[test]
+    fn a_reservation_while_the_pair_is_blocked_is_caught() {
+        let v = held(&reserved_at(150));
+        assert_eq!(v.violations.len(), 1, "{:?}", v.violations);
+        assert!(
+            v.violations[0].contains("a → b was blocked"),
+            "{:?}",
+            v.violations
+        );
+        assert!(
+            held(&reserved_at(250)).violations.is_empty(),
+            "after the block"
+        );
+        assert!(
+            held(&reserved_at(50)).violations.is_empty(),
+            "before the block"
+        );
+    }
 }
