@@ -1,0 +1,269 @@
+#!/usr/bin/env python3
+"""Loopback mock of the OpenAI Responses API, just enough for `codex` to finish a turn.
+
+Python 3 stdlib only.  Serves:
+  POST /v1/responses   (stream: true)  -> SSE: response.created, output_item.added,
+                                           output_text.delta, output_item.done,
+                                           response.completed
+  GET  /v1/models                       -> {"object":"list","data":[],"models":[]}
+  GET  /_mock/state                     -> current settings + request count (for tests)
+  POST /_mock/config  {"mode":..,"delay":..,"reply":..}  -> change settings at runtime
+  anything else                         -> 404 JSON (logged)
+
+Settings (argv wins over env):
+  --port N        / MOCK_PORT        (0 = pick a free port; default 0)
+  --host H        / MOCK_HOST        (default 127.0.0.1 -- loopback only)
+  --delay S       / MOCK_DELAY       seconds to wait after response.created before the text
+  --mode M        / MOCK_MODE        ok | 500 | hang | close
+                     ok    = normal SSE reply
+                     500   = HTTP 500 JSON error on every POST /v1/responses
+                     hang  = read the request, never send a byte (socket stays open)
+                     close = read the request, close the socket without a response
+  --reply TEXT    / MOCK_REPLY       assistant text; "{input}" is replaced with the last
+                                     user text (default "mock reply to: {input}")
+  --sse S         / MOCK_SSE         full (default) | minimal (only output_item.done +
+                                     response.completed -- the two events Codex needs)
+                                     | nocomplete (output_item.done, then EOF: shows the
+                                     "stream closed before response.completed" failure)
+  --log FILE      / MOCK_LOG         JSONL log, one line per HTTP request (default ./mock_requests.jsonl)
+  --port-file F   / MOCK_PORT_FILE   write the bound port here once listening
+
+Per-message override: a user text containing "[delay=5]" makes that reply wait 5 s,
+"[mode=500]" / "[mode=hang]" switches mode for that request only.
+
+Each log line: {"ts","n","method","path","thread_id","turn_id" (from body.client_metadata),
+               "headers":{...},"body":<parsed JSON or text>,
+               "user_texts":[...all role=user input_text strings in body.input, incl. the
+                             <environment_context> block Codex injects...],
+               "last_user_text": "..."}
+"""
+import argparse
+import json
+import os
+import re
+import socketserver
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+LOCK = threading.Lock()
+STATE = {"mode": "ok", "delay": 0.0, "reply": "mock reply to: {input}", "count": 0, "sse": "full"}
+LOG_PATH = "mock_requests.jsonl"
+LOG_HEADERS = ("authorization", "content-type", "accept", "user-agent", "originator",
+               "session_id", "session-id", "x-codex-turn-metadata", "version",
+               "openai-beta", "chatgpt-account-id", "content-encoding", "x-client-request-id")
+
+
+def user_texts(body):
+    """All text parts of role=user messages in a Responses request body."""
+    out = []
+    if not isinstance(body, dict):
+        return out
+    items = body.get("input") or []
+    if isinstance(items, str):
+        return [items]
+    for it in items:
+        if not isinstance(it, dict) or it.get("role") != "user":
+            continue
+        content = it.get("content")
+        if isinstance(content, str):
+            out.append(content)
+            continue
+        for part in content or []:
+            if isinstance(part, dict) and part.get("type") in ("input_text", "text"):
+                out.append(part.get("text", ""))
+    return out
+
+
+def log_request(entry):
+    with LOCK:
+        with open(LOG_PATH, "a", encoding="utf-8") as f:
+            f.write(json.dumps(entry, ensure_ascii=False) + "\n")
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "mock-responses/1"
+
+    def log_message(self, fmt, *args):  # quiet; requests go to the JSONL log
+        sys.stderr.write("mock: " + (fmt % args) + "\n")
+
+    # ---------------------------------------------------------------- helpers
+    def _read_body(self):
+        n = int(self.headers.get("content-length") or 0)
+        raw = self.rfile.read(n) if n else b""
+        if self.headers.get("content-encoding", "").lower() == "zstd":
+            return raw, None  # cannot decode zstd with stdlib; logged as note
+        if self.headers.get("content-encoding", "").lower() in ("gzip",):
+            import gzip
+            raw = gzip.decompress(raw)
+        return raw, True
+
+    def _json(self, code, obj):
+        data = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _entry(self, body_obj, note=None):
+        with LOCK:
+            STATE["count"] += 1
+            n = STATE["count"]
+        hdrs = {k: v for k, v in self.headers.items() if k.lower() in LOG_HEADERS}
+        texts = user_texts(body_obj)
+        cm = body_obj.get("client_metadata") if isinstance(body_obj, dict) else None
+        cm = cm if isinstance(cm, dict) else {}
+        e = {"ts": time.time(), "n": n, "method": self.command, "path": self.path,
+             "thread_id": cm.get("thread_id"), "turn_id": cm.get("turn_id"),
+             "headers": hdrs, "user_texts": texts,
+             "last_user_text": texts[-1] if texts else None, "body": body_obj}
+        if note:
+            e["note"] = note
+        return e
+
+    # ---------------------------------------------------------------- verbs
+    def do_GET(self):
+        path = self.path.split("?")[0]
+        log_request(self._entry(None))
+        if path == "/_mock/state":
+            with LOCK:
+                return self._json(200, dict(STATE))
+        if path.endswith("/models"):
+            return self._json(200, {"object": "list", "data": [], "models": []})
+        return self._json(404, {"error": {"message": "not found: " + path}})
+
+    def do_POST(self):
+        path = self.path.split("?")[0]
+        raw, ok = self._read_body()
+        note = None
+        try:
+            body = json.loads(raw.decode("utf-8")) if raw else None
+        except Exception:
+            body, note = raw.decode("utf-8", "replace"), "body not JSON"
+        if ok is None:
+            note = "zstd-compressed body (not decoded)"
+        entry = self._entry(body, note)
+        log_request(entry)
+
+        if path == "/_mock/config":
+            with LOCK:
+                for k in ("mode", "delay", "reply", "sse"):
+                    if isinstance(body, dict) and k in body:
+                        STATE[k] = float(body[k]) if k == "delay" else body[k]
+                return self._json(200, dict(STATE))
+        if not path.endswith("/responses"):
+            return self._json(404, {"error": {"message": "not found: " + path}})
+
+        with LOCK:
+            mode, delay, reply, sse = STATE["mode"], STATE["delay"], STATE["reply"], STATE["sse"]
+        last = entry["last_user_text"] or ""
+        m = re.search(r"\[delay=([0-9.]+)\]", last)
+        if m:
+            delay = float(m.group(1))
+        m = re.search(r"\[mode=(\w+)\]", last)
+        if m:
+            mode = m.group(1)
+
+        if mode == "500":
+            return self._json(500, {"error": {"type": "server_error", "code": "server_error",
+                                              "message": "mock: model unavailable"}})
+        if mode == "hang":
+            # keep the socket open, never answer; ends when the client hangs up
+            while True:
+                time.sleep(3600)
+        if mode == "close":
+            self.close_connection = True
+            self.connection.shutdown(2)
+            return
+        self._stream_ok(body, reply.replace("{input}", last.strip()[:200]), delay, sse)
+
+    # ---------------------------------------------------------------- SSE
+    def _stream_ok(self, body, text, delay, sse="full"):
+        resp_id = "resp_" + uuid.uuid4().hex[:24]
+        msg_id = "msg_" + uuid.uuid4().hex[:24]
+        model = (body or {}).get("model", "mock-model") if isinstance(body, dict) else "mock-model"
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("cache-control", "no-cache")
+        self.send_header("connection", "close")  # body ends when we close the socket
+        self.end_headers()
+        self.close_connection = True
+
+        def ev(obj):
+            data = "event: %s\ndata: %s\n\n" % (obj["type"], json.dumps(obj))
+            self.wfile.write(data.encode())
+            self.wfile.flush()
+
+        base = {"id": resp_id, "object": "response", "model": model, "created_at": int(time.time())}
+        item = {"id": msg_id, "type": "message", "role": "assistant", "status": "in_progress",
+                "content": []}
+        done = dict(item, status="completed",
+                    content=[{"type": "output_text", "text": text, "annotations": []}])
+        usage = {"input_tokens": 10, "input_tokens_details": {"cached_tokens": 0},
+                 "output_tokens": 5, "output_tokens_details": {"reasoning_tokens": 0},
+                 "total_tokens": 15}
+        try:
+            if sse in ("minimal", "nocomplete"):
+                if delay > 0:
+                    time.sleep(delay)
+                ev({"type": "response.output_item.done", "output_index": 0, "item": done})
+                if sse == "minimal":
+                    ev({"type": "response.completed", "response": {"id": resp_id, "usage": usage}})
+                return
+            ev({"type": "response.created", "response": dict(base, status="in_progress", output=[])})
+            if delay > 0:
+                time.sleep(delay)
+            ev({"type": "response.output_item.added", "output_index": 0, "item": item})
+            ev({"type": "response.content_part.added", "item_id": msg_id, "output_index": 0,
+                "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}})
+            ev({"type": "response.output_text.delta", "item_id": msg_id, "output_index": 0,
+                "content_index": 0, "delta": text})
+            ev({"type": "response.output_text.done", "item_id": msg_id, "output_index": 0,
+                "content_index": 0, "text": text})
+            ev({"type": "response.output_item.done", "output_index": 0, "item": done})
+            ev({"type": "response.completed",
+                "response": dict(base, status="completed", output=[done], usage=usage)})
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # client hung up (e.g. turn/interrupt)
+
+
+class Server(socketserver.ThreadingMixIn, HTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+def main():
+    global LOG_PATH
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--host", default=os.environ.get("MOCK_HOST", "127.0.0.1"))
+    ap.add_argument("--port", type=int, default=int(os.environ.get("MOCK_PORT", "0")))
+    ap.add_argument("--delay", type=float, default=float(os.environ.get("MOCK_DELAY", "0")))
+    ap.add_argument("--mode", default=os.environ.get("MOCK_MODE", "ok"),
+                    choices=["ok", "500", "hang", "close"])
+    ap.add_argument("--reply", default=os.environ.get("MOCK_REPLY", STATE["reply"]))
+    ap.add_argument("--sse", default=os.environ.get("MOCK_SSE", "full"), choices=["full", "minimal", "nocomplete"])
+    ap.add_argument("--log", default=os.environ.get("MOCK_LOG", LOG_PATH))
+    ap.add_argument("--port-file", default=os.environ.get("MOCK_PORT_FILE"))
+    a = ap.parse_args()
+    STATE.update(mode=a.mode, delay=a.delay, reply=a.reply, sse=a.sse)
+    LOG_PATH = a.log
+    srv = Server((a.host, a.port), Handler)
+    port = srv.server_address[1]
+    if a.port_file:
+        with open(a.port_file + ".tmp", "w") as f:
+            f.write(str(port))
+        os.replace(a.port_file + ".tmp", a.port_file)
+    print("mock_responses listening on http://%s:%d/v1 mode=%s delay=%s log=%s"
+          % (a.host, port, a.mode, a.delay, LOG_PATH), flush=True)
+    try:
+        srv.serve_forever()
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()
