@@ -34,83 +34,70 @@ fn racing_recipient(busy_looks: usize) -> (String, Arc<Mutex<Session>>) {
 fn recipient(unreadable_looks: usize, busy_looks: usize) -> (String, Arc<Mutex<Session>>) {
     let session: Arc<Mutex<Session>> = Arc::default();
     let s = session.clone();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async move {
-            let activity = s.clone();
-            let write = s.clone();
-            let status = s.clone();
-            let app = axum::Router::new()
-                .route(
-                    "/activity",
-                    axum::routing::get(move || {
-                        let mut s = activity.lock().unwrap();
-                        s.looks += 1;
-                        if s.looks <= unreadable_looks {
-                            s.unreadable = true;
-                            return std::future::ready((
-                                axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                                axum::Json(serde_json::json!({})),
-                            ));
+    let activity = s.clone();
+    let write = s.clone();
+    let status = s.clone();
+    let app = axum::Router::new()
+        .route(
+            "/activity",
+            axum::routing::get(move || {
+                let mut s = activity.lock().unwrap();
+                s.looks += 1;
+                if s.looks <= unreadable_looks {
+                    s.unreadable = true;
+                    return std::future::ready((
+                        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                        axum::Json(serde_json::json!({})),
+                    ));
+                }
+                s.unreadable = false;
+                let look = s.looks - unreadable_looks;
+                let busy = s.person_typing;
+                if look == 1 && busy_looks > 0 {
+                    // Answer idle, then a person starts typing.
+                    s.person_typing = true;
+                } else if look > busy_looks {
+                    // Told busy enough times: the person's turn ends after this answer.
+                    s.person_typing = false;
+                }
+                let status = if busy { "busy" } else { "idle" };
+                std::future::ready((
+                    axum::http::StatusCode::OK,
+                    axum::Json(serde_json::json!({ "status": status })),
+                ))
+            }),
+        )
+        .route(
+            "/",
+            axum::routing::post(move |body: axum::Json<Value>| {
+                let mut s = write.lock().unwrap();
+                let req = body["request_id"].as_str().unwrap_or("?").to_owned();
+                if s.person_typing {
+                    s.interrupted.push(req.clone());
+                }
+                if s.unreadable {
+                    s.blind.push(req.clone());
+                }
+                s.taken.push(req);
+                async move { "{}" }
+            }),
+        )
+        .route(
+            "/status/{request_id}",
+            axum::routing::get(
+                move |axum::extract::Path(req): axum::extract::Path<String>| {
+                    let known = status.lock().unwrap().taken.contains(&req);
+                    async move {
+                        if known {
+                            (axum::http::StatusCode::OK, r#"{"status":"returned"}"#)
+                        } else {
+                            (axum::http::StatusCode::NOT_FOUND, "{}")
                         }
-                        s.unreadable = false;
-                        let look = s.looks - unreadable_looks;
-                        let busy = s.person_typing;
-                        if look == 1 && busy_looks > 0 {
-                            // Answer idle, then a person starts typing.
-                            s.person_typing = true;
-                        } else if look > busy_looks {
-                            // Told busy enough times: the person's turn ends after this answer.
-                            s.person_typing = false;
-                        }
-                        let status = if busy { "busy" } else { "idle" };
-                        std::future::ready((
-                            axum::http::StatusCode::OK,
-                            axum::Json(serde_json::json!({ "status": status })),
-                        ))
-                    }),
-                )
-                .route(
-                    "/",
-                    axum::routing::post(move |body: axum::Json<Value>| {
-                        let mut s = write.lock().unwrap();
-                        let req = body["request_id"].as_str().unwrap_or("?").to_owned();
-                        if s.person_typing {
-                            s.interrupted.push(req.clone());
-                        }
-                        if s.unreadable {
-                            s.blind.push(req.clone());
-                        }
-                        s.taken.push(req);
-                        async move { "{}" }
-                    }),
-                )
-                .route(
-                    "/status/{request_id}",
-                    axum::routing::get(
-                        move |axum::extract::Path(req): axum::extract::Path<String>| {
-                            let known = status.lock().unwrap().taken.contains(&req);
-                            async move {
-                                if known {
-                                    (axum::http::StatusCode::OK, r#"{"status":"returned"}"#)
-                                } else {
-                                    (axum::http::StatusCode::NOT_FOUND, "{}")
-                                }
-                            }
-                        },
-                    ),
-                );
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            tx.send(listener.local_addr().unwrap()).unwrap();
-            axum::serve(listener, app).await.unwrap();
-        });
-    });
-    let addr = rx.recv().expect("recipient address");
-    (format!("http://{addr}/"), session)
+                    }
+                },
+            ),
+        );
+    (common::serve(app), session)
 }
 
 /// Registers `bob` as an HTTP agent at `url` (with its activity and status URLs) and sends

@@ -23,70 +23,57 @@ struct Provider {
 
 /// Serves a Statuspage-style `summary.json` and an HTTP agent (idle; every write a turn that
 /// returns at once); returns the base URL.
-fn provider(p: Arc<Provider>) -> String {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async move {
-            let page = p.clone();
-            let write = p.clone();
-            let status = p.clone();
-            let app = axum::Router::new()
-                .route(
-                    "/summary.json",
-                    axum::routing::get(move || {
-                        *page.page_reads.lock().unwrap() += 1;
-                        let (indicator, description) = if page.red.load(Ordering::SeqCst) {
-                            ("major", "Major outage of the agents' API")
+fn provider(p: &Arc<Provider>) -> String {
+    let page = p.clone();
+    let write = p.clone();
+    let status = p.clone();
+    let app = axum::Router::new()
+        .route(
+            "/summary.json",
+            axum::routing::get(move || {
+                *page.page_reads.lock().unwrap() += 1;
+                let (indicator, description) = if page.red.load(Ordering::SeqCst) {
+                    ("major", "Major outage of the agents' API")
+                } else {
+                    ("none", "All systems operational")
+                };
+                std::future::ready(axum::Json(json!({
+                    "status": {"indicator": indicator, "description": description},
+                    "components": [],
+                })))
+            }),
+        )
+        .route(
+            "/activity",
+            axum::routing::get(|| async { axum::Json(json!({"status": "idle"})) }),
+        )
+        .route(
+            "/",
+            axum::routing::post(move |body: axum::Json<Value>| {
+                let req = body["request_id"].as_str().unwrap_or("?").to_owned();
+                if write.red.load(Ordering::SeqCst) {
+                    write.during_outage.lock().unwrap().push(req.clone());
+                }
+                write.taken.lock().unwrap().push(req);
+                async { "{}" }
+            }),
+        )
+        .route(
+            "/status/{request_id}",
+            axum::routing::get(
+                move |axum::extract::Path(req): axum::extract::Path<String>| {
+                    let known = status.taken.lock().unwrap().contains(&req);
+                    async move {
+                        if known {
+                            (axum::http::StatusCode::OK, r#"{"status":"returned"}"#)
                         } else {
-                            ("none", "All systems operational")
-                        };
-                        std::future::ready(axum::Json(json!({
-                            "status": {"indicator": indicator, "description": description},
-                            "components": [],
-                        })))
-                    }),
-                )
-                .route(
-                    "/activity",
-                    axum::routing::get(|| async { axum::Json(json!({"status": "idle"})) }),
-                )
-                .route(
-                    "/",
-                    axum::routing::post(move |body: axum::Json<Value>| {
-                        let req = body["request_id"].as_str().unwrap_or("?").to_owned();
-                        if write.red.load(Ordering::SeqCst) {
-                            write.during_outage.lock().unwrap().push(req.clone());
+                            (axum::http::StatusCode::NOT_FOUND, "{}")
                         }
-                        write.taken.lock().unwrap().push(req);
-                        async { "{}" }
-                    }),
-                )
-                .route(
-                    "/status/{request_id}",
-                    axum::routing::get(
-                        move |axum::extract::Path(req): axum::extract::Path<String>| {
-                            let known = status.taken.lock().unwrap().contains(&req);
-                            async move {
-                                if known {
-                                    (axum::http::StatusCode::OK, r#"{"status":"returned"}"#)
-                                } else {
-                                    (axum::http::StatusCode::NOT_FOUND, "{}")
-                                }
-                            }
-                        },
-                    ),
-                );
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            tx.send(listener.local_addr().unwrap()).unwrap();
-            axum::serve(listener, app).await.unwrap();
-        });
-    });
-    let addr = rx.recv().expect("provider address");
-    format!("http://{addr}/")
+                    }
+                },
+            ),
+        );
+    common::serve(app)
 }
 
 #[test]
@@ -94,7 +81,7 @@ fn an_outage_holds_the_handoff_until_the_status_page_is_green() {
     let w = World::new();
     let p = Arc::new(Provider::default());
     p.red.store(true, Ordering::SeqCst);
-    let url = provider(p.clone());
+    let url = provider(&p);
     w.ok(&["agent", "add", "alice", "--provider", "demo"]);
     w.ok(&[
         "agent",

@@ -57,56 +57,43 @@ impl Recipient {
 fn failing_recipient(unanswerable: fn(usize) -> bool) -> (String, Arc<Mutex<Recipient>>) {
     let state: Arc<Mutex<Recipient>> = Arc::default();
     let s = state.clone();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async move {
-            let write = s.clone();
-            let status = s.clone();
-            let app = axum::Router::new()
-                .route(
-                    "/",
-                    axum::routing::post(move |body: axum::Json<serde_json::Value>| {
-                        let req = body["request_id"].as_str().unwrap_or("?").to_owned();
-                        write.lock().unwrap().writes.push(req);
-                        async { (axum::http::StatusCode::INTERNAL_SERVER_ERROR, "{}") }
-                    }),
-                )
-                .route(
-                    "/status/{request_id}",
-                    axum::routing::get(move || {
-                        let mut s = status.lock().unwrap();
-                        let at = Instant::now();
-                        let round = match s.answers.last() {
-                            Some(last) if at - last.at < SAME_ROUND => last.round,
-                            Some(last) => last.round + 1,
-                            None => 1,
-                        };
-                        let not_found = !unanswerable(round);
-                        s.answers.push(Answer {
-                            at,
-                            round,
-                            not_found,
-                        });
-                        async move {
-                            if not_found {
-                                (axum::http::StatusCode::NOT_FOUND, "{}")
-                            } else {
-                                (axum::http::StatusCode::SERVICE_UNAVAILABLE, "{}")
-                            }
-                        }
-                    }),
-                );
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            tx.send(listener.local_addr().unwrap()).unwrap();
-            axum::serve(listener, app).await.unwrap();
-        });
-    });
-    let addr = rx.recv().expect("recipient address");
-    (format!("http://{addr}/"), state)
+    let write = s.clone();
+    let status = s.clone();
+    let app = axum::Router::new()
+        .route(
+            "/",
+            axum::routing::post(move |body: axum::Json<serde_json::Value>| {
+                let req = body["request_id"].as_str().unwrap_or("?").to_owned();
+                write.lock().unwrap().writes.push(req);
+                async { (axum::http::StatusCode::INTERNAL_SERVER_ERROR, "{}") }
+            }),
+        )
+        .route(
+            "/status/{request_id}",
+            axum::routing::get(move || {
+                let mut s = status.lock().unwrap();
+                let at = Instant::now();
+                let round = match s.answers.last() {
+                    Some(last) if at - last.at < SAME_ROUND => last.round,
+                    Some(last) => last.round + 1,
+                    None => 1,
+                };
+                let not_found = !unanswerable(round);
+                s.answers.push(Answer {
+                    at,
+                    round,
+                    not_found,
+                });
+                async move {
+                    if not_found {
+                        (axum::http::StatusCode::NOT_FOUND, "{}")
+                    } else {
+                        (axum::http::StatusCode::SERVICE_UNAVAILABLE, "{}")
+                    }
+                }
+            }),
+        );
+    (common::serve(app), state)
 }
 
 /// The history scan bounds the test's engine runs with (the plant runs set their own).

@@ -332,6 +332,65 @@ pub fn http_recipient(log: PathBuf, db: Option<PathBuf>) -> String {
     let seen: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>> =
         std::sync::Arc::default();
     let seen2 = seen.clone();
+    let app = axum::Router::new()
+        .route(
+            "/",
+            axum::routing::post(move |body: axum::Json<Value>| {
+                let log = log.clone();
+                let seen = seen.clone();
+                let db = db.clone();
+                async move {
+                    let req = body["request_id"].as_str().unwrap_or("?").to_owned();
+                    let reserved = db
+                        .as_deref()
+                        .is_none_or(|db| reservation_committed(db, &req));
+                    seen.lock().unwrap().insert(req.clone());
+                    let agent = body["agent"].as_str().unwrap_or("?").to_owned();
+                    let ns = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap()
+                        .as_nanos();
+                    let path = log.lock().unwrap();
+                    let mut f = std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(&*path)
+                        .unwrap();
+                    // One write of the whole text: the scripts append to the same
+                    // log, and O_APPEND keeps only single writes whole.
+                    let mut text = String::new();
+                    if !reserved {
+                        text.push_str(&format!("unreserved {req}\n"));
+                    }
+                    text.push_str(&format!(
+                        "start {req} {ns} {agent}\nend {req} {ns} {agent}\n"
+                    ));
+                    f.write_all(text.as_bytes()).unwrap();
+                    "{}"
+                }
+            }),
+        )
+        .route(
+            "/status/{request_id}",
+            axum::routing::get(
+                move |axum::extract::Path(req): axum::extract::Path<String>| {
+                    let known = seen2.lock().unwrap().contains(&req);
+                    async move {
+                        if known {
+                            (axum::http::StatusCode::OK, r#"{"status":"returned"}"#)
+                        } else {
+                            (axum::http::StatusCode::NOT_FOUND, "{}")
+                        }
+                    }
+                },
+            ),
+        );
+    serve(app)
+}
+
+/// Serves `app` on a loopback port, from a thread of its own, until the test process ends;
+/// returns its base URL (`http://127.0.0.1:PORT/`).
+pub fn serve(app: axum::Router) -> String {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -339,65 +398,12 @@ pub fn http_recipient(log: PathBuf, db: Option<PathBuf>) -> String {
             .build()
             .expect("runtime");
         rt.block_on(async move {
-            let app = axum::Router::new()
-                .route(
-                    "/",
-                    axum::routing::post(move |body: axum::Json<Value>| {
-                        let log = log.clone();
-                        let seen = seen.clone();
-                        let db = db.clone();
-                        async move {
-                            let req = body["request_id"].as_str().unwrap_or("?").to_owned();
-                            let reserved = db
-                                .as_deref()
-                                .is_none_or(|db| reservation_committed(db, &req));
-                            seen.lock().unwrap().insert(req.clone());
-                            let agent = body["agent"].as_str().unwrap_or("?").to_owned();
-                            let ns = std::time::SystemTime::now()
-                                .duration_since(std::time::UNIX_EPOCH)
-                                .unwrap()
-                                .as_nanos();
-                            let path = log.lock().unwrap();
-                            let mut f = std::fs::OpenOptions::new()
-                                .create(true)
-                                .append(true)
-                                .open(&*path)
-                                .unwrap();
-                            // One write of the whole text: the scripts append to the same
-                            // log, and O_APPEND keeps only single writes whole.
-                            let mut text = String::new();
-                            if !reserved {
-                                text.push_str(&format!("unreserved {req}\n"));
-                            }
-                            text.push_str(&format!(
-                                "start {req} {ns} {agent}\nend {req} {ns} {agent}\n"
-                            ));
-                            f.write_all(text.as_bytes()).unwrap();
-                            "{}"
-                        }
-                    }),
-                )
-                .route(
-                    "/status/{request_id}",
-                    axum::routing::get(
-                        move |axum::extract::Path(req): axum::extract::Path<String>| {
-                            let known = seen2.lock().unwrap().contains(&req);
-                            async move {
-                                if known {
-                                    (axum::http::StatusCode::OK, r#"{"status":"returned"}"#)
-                                } else {
-                                    (axum::http::StatusCode::NOT_FOUND, "{}")
-                                }
-                            }
-                        },
-                    ),
-                );
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             tx.send(listener.local_addr().unwrap()).unwrap();
             axum::serve(listener, app).await.unwrap();
         });
     });
-    let addr = rx.recv().expect("recipient address");
+    let addr = rx.recv().expect("server address");
     format!("http://{addr}/")
 }
 
