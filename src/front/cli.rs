@@ -1057,7 +1057,7 @@ fn agent(cli: &Cli, cmd: &AgentCmd) -> Result<(), Failure> {
             cwd,
             settings,
         } => {
-            let a = s.add_agent_checked(
+            let mut a = s.add_agent(
                 id,
                 provider.as_deref(),
                 name.as_deref(),
@@ -1065,6 +1065,7 @@ fn agent(cli: &Cli, cmd: &AgentCmd) -> Result<(), Failure> {
                 cwd.as_deref(),
                 settings,
             )?;
+            a.warnings = Service::destination_problems(&a.agent);
             emit(cli, &a, || a.sentence());
             for w in &a.warnings {
                 eprintln!("handoffs: warning: {} {w}", a.agent.id);

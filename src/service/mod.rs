@@ -229,7 +229,7 @@ pub struct AgentAdded {
     /// Pending deliveries queued for the old destination: they become UNAVAILABLE.
     pub stranded_deliveries: usize,
     /// What the destination checks found wrong (the registration stands; SPEC §5 `doctor`);
-    /// filled by [`Service::add_agent_checked`].
+    /// filled from [`Service::destination_problems`] by a front that prints them.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
 }
@@ -495,25 +495,14 @@ impl Service {
         })
     }
 
-    /// Registers an agent as [`Service::add_agent`] does, then checks its destination (after
-    /// the commit, outside the transaction: it runs `--version` and opens a connection) and
-    /// lists what is wrong in `warnings`; the registration stands either way.
-    pub fn add_agent_checked(
-        &mut self,
-        id: &str,
-        provider: Option<&str>,
-        name: Option<&str>,
-        endpoint: Option<&str>,
-        cwd: Option<&str>,
-        settings: &[(String, Value)],
-    ) -> Result<AgentAdded> {
-        let mut added = self.add_agent(id, provider, name, endpoint, cwd, settings)?;
-        added.warnings = crate::adapter::doctor::check(&added.agent)
+    /// What the destination checks find wrong with `agent` now (they run `--version` and
+    /// open a connection: call this outside a transaction). A registration stands either way.
+    pub fn destination_problems(agent: &AgentRow) -> Vec<String> {
+        crate::adapter::doctor::check(agent)
             .into_iter()
             .filter(|f| !f.ok)
             .map(|f| f.text)
-            .collect();
-        Ok(added)
+            .collect()
     }
 
     /// Every agent's destination checks, then the database's (SPEC §5 `doctor`).
