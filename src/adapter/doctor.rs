@@ -186,7 +186,11 @@ fn find_rollout(sessions: &Path, thread: &str) -> Option<PathBuf> {
     let suffix = format!("-{thread}.jsonl");
     let mut stack = vec![(sessions.to_owned(), 0)];
     while let Some((dir, depth)) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).ok()?.flatten() {
+        // An unreadable folder is skipped, not taken for the end of the search.
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
             let path = entry.path();
             if path.is_dir() && depth < 3 {
                 stack.push((path, depth + 1));
