@@ -1171,6 +1171,10 @@ fn engine_cmd(cli: &Cli, interval: Option<Duration>) -> Result<(), Failure> {
         Ok(e) => e,
         Err(EngineError::Busy) => {
             let msg = "another engine is delivering for this database; this pass is skipped";
+            if interval.is_some() {
+                // A long-running engine that stays away says so where a log catches it.
+                eprintln!("handoffs: {msg}");
+            }
             emit(cli, &json!({"skipped": msg}), || msg.to_owned());
             return Ok(());
         }
@@ -1209,6 +1213,7 @@ fn engine_cmd(cli: &Cli, interval: Option<Duration>) -> Result<(), Failure> {
         Some(interval) => {
             let interrupted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
             let flag = interrupted.clone();
+            tracing::info!(pid = std::process::id(), "engine started");
             rt.block_on(engine.run(interval, async move {
                 if tokio::signal::ctrl_c().await.is_ok() {
                     flag.store(true, std::sync::atomic::Ordering::SeqCst);

@@ -200,10 +200,84 @@ impl World {
                 // A violation the recipients logged comes first: a stall it led to is its
                 // consequence (this panics with the violation's own message).
                 let _ = self.runs();
-                panic!("not settled after {limit:?}: {counts:?}\n{detail}\nlast runs: {tail:?}");
+                let unsettled = self.unsettled_report();
+                panic!(
+                    "not settled after {limit:?}: {counts:?}\n{detail}\nlast runs: {tail:?}\n{unsettled}"
+                );
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// What a stuck run needs to be understood without a rerun: every delivery that is not
+    /// settled (its record, when it is due, its last events), every open run of a command
+    /// recipient, the run files left, and the processes still alive.
+    pub fn unsettled_report(&self) -> String {
+        use handoffs::store::Store;
+        use model::StateKind::*;
+        use std::fmt::Write as _;
+        let mut out = String::new();
+        let now = handoffs::store::millis(handoffs::clock::now());
+        let Ok(mut store) = Store::open(&self.db) else {
+            return "(the database cannot be opened)".to_owned();
+        };
+        let pending = [
+            Waiting,
+            Busy,
+            Held,
+            Unavailable,
+            OwnerRejected,
+            Sending,
+            Accepted,
+        ];
+        let report = store.read(|tx| -> handoffs::store::Result<()> {
+            let mut rows = tx.deliveries_in(&pending, 50)?;
+            rows.extend(tx.deliveries_in(&[Running, Uncertain, Failed], 50)?);
+            for row in rows.iter().take(12) {
+                let _ = writeln!(
+                    out,
+                    "delivery {} to {}: {} {} (request {}, due in {:?} ms, updated {} ms ago)",
+                    row.message_id,
+                    row.recipient,
+                    row.record.kind().as_str(),
+                    row.record.detail(),
+                    row.record.core().request_id(),
+                    row.due_at.map(|d| d - now),
+                    now - row.updated_at
+                );
+                for e in tx.events_for(&row.message_id)?.iter().rev().take(4) {
+                    let _ = writeln!(out, "  {} ms ago {}: {}", now - e.at, e.kind, e.detail);
+                }
+            }
+            for agent in tx.agents()? {
+                for run in tx.open_runs_for(&agent.id)? {
+                    let _ = writeln!(out, "open run: {run:?}");
+                }
+            }
+            Ok(())
+        });
+        if let Err(e) = report {
+            let _ = writeln!(out, "(reading the database failed: {e})");
+        }
+        let runs_dir = handoffs::store::sibling(&self.db, ".runs");
+        if let Ok(entries) = std::fs::read_dir(&runs_dir) {
+            let names: Vec<String> = entries
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            let _ = writeln!(out, "run files: {names:?}");
+        }
+        if let Ok(ps) = Command::new("ps")
+            .args(["-eo", "pid,ppid,pgid,stat,etime,args"])
+            .output()
+        {
+            for line in String::from_utf8_lossy(&ps.stdout).lines() {
+                if line.contains("handoffs") || line.contains("rcpt") || line.contains("sleep") {
+                    let _ = writeln!(out, "ps: {line}");
+                }
+            }
+        }
+        out
     }
 
     /// The runs the recipient script logged: request id → (start ns, end ns).
