@@ -121,14 +121,16 @@ fn doctor_finds_the_binary_the_thread_and_the_session() {
     ] {
         assert!(stdout.contains(expected), "{expected:?} in:\n{stdout}");
     }
-    // The adapters themselves are still missing: said, and the exit code says so.
+    // The codex adapter is still missing: said, and the exit code says so; the claude-code
+    // adapter is there.
     assert!(
         stdout.contains("PROBLEM cx: the codex adapter is not available in this build"),
         "{stdout}"
     );
+    assert!(!stdout.contains("PROBLEM cc:"), "{stdout}");
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("doctor: 2 problems found"),
+        String::from_utf8_lossy(&out.stderr).contains("doctor: 1 problem found"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );

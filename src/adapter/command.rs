@@ -105,7 +105,7 @@ fn lock_path(db: &Path, request_id: &str) -> PathBuf {
 }
 
 /// Whether the supervisor of `request_id` is alive (it holds the run's lock).
-fn supervisor_alive(db: &Path, request_id: &str) -> bool {
+pub(crate) fn supervisor_alive(db: &Path, request_id: &str) -> bool {
     let Ok(file) = File::open(lock_path(db, request_id)) else {
         return false;
     };
@@ -151,7 +151,7 @@ fn marked_processes(request_id: &str) -> Vec<i32> {
 
 /// Whether a run without a row may still appear: its supervisor is alive (starting), or a
 /// process of this request runs.
-fn run_may_start(db: &Path, request_id: &str) -> bool {
+pub(crate) fn run_may_start(db: &Path, request_id: &str) -> bool {
     supervisor_alive(db, request_id) || !marked_processes(request_id).is_empty()
 }
 
@@ -198,13 +198,32 @@ fn kill_group(pid: i32) {
 /// it. A run that is over without its supervisor is recorded (interrupted, or errored when
 /// it had to be killed at its timeout).
 fn still_running(store: &mut Store, db: &Path, run: &RunRow, now: i64) -> bool {
+    still_running_or(store, db, run, now, |_| {
+        (
+            "interrupted".to_owned(),
+            "the supervisor vanished before the command ended".to_owned(),
+        )
+    })
+}
+
+/// [`still_running`], where `gone` decides the outcome of a run that is over without its
+/// supervisor (an adapter with a history of its own can tell a finished turn from a killed one).
+pub(crate) fn still_running_or(
+    store: &mut Store,
+    db: &Path,
+    run: &RunRow,
+    now: i64,
+    gone: impl FnOnce(&RunRow) -> (String, String),
+) -> bool {
     if supervisor_alive(db, &run.request_id) {
         return true;
     }
     match orphan(run, now) {
         Orphan::Running => true,
         Orphan::Gone => {
-            mark_interrupted(store, run, now);
+            let (outcome, detail) = gone(run);
+            let _ = store
+                .write(|tx| tx.finish_run(&run.request_id, now, None, &outcome, Some(&detail)));
             false
         }
         Orphan::KilledAtTimeout => {
@@ -222,7 +241,7 @@ fn still_running(store: &mut Store, db: &Path, run: &RunRow, now: i64) -> bool {
     }
 }
 
-fn observed_of(run: &RunRow, alive: bool) -> Observed {
+pub(crate) fn observed_of(run: &RunRow, alive: bool) -> Observed {
     let turn = TurnId::new(&run.request_id);
     match run.outcome.as_deref() {
         None if alive => Observed::Running { turn },
@@ -239,19 +258,6 @@ fn observed_of(run: &RunRow, alive: bool) -> Observed {
             turn_open: false,
         },
     }
-}
-
-/// Records that a run's supervisor vanished without an outcome.
-fn mark_interrupted(store: &mut Store, run: &RunRow, now: i64) {
-    let _ = store.write(|tx| {
-        tx.finish_run(
-            &run.request_id,
-            now,
-            None,
-            "interrupted",
-            Some("the supervisor vanished before the command ended"),
-        )
-    });
 }
 
 pub async fn activity(
@@ -353,6 +359,17 @@ pub async fn start(adapters: &Adapters, service: &RefCell<Service>, w: &Write<'_
 }
 
 async fn start_argv(service: &RefCell<Service>, w: &Write<'_>, argv: Vec<String>) -> WriteOutcome {
+    start_supervised(service, w, argv, &[]).await
+}
+
+/// Writes one turn through `handoffs supervise` running `argv`; `extra` are more of the
+/// supervisor's own flags (how to speak to the program).
+pub(crate) async fn start_supervised(
+    service: &RefCell<Service>,
+    w: &Write<'_>,
+    argv: Vec<String>,
+    extra: &[String],
+) -> WriteOutcome {
     let dir = runs_dir(w.db);
     if let Err(e) = ensure_private_dir(&dir) {
         return WriteOutcome::Refused { detail: e };
@@ -393,6 +410,7 @@ async fn start_argv(service: &RefCell<Service>, w: &Write<'_>, argv: Vec<String>
         .arg(&w.agent.endpoint)
         .arg("--cwd")
         .arg(&w.agent.cwd)
+        .args(extra)
         .arg("--")
         .args(&argv)
         .stdin(std::process::Stdio::null())
@@ -656,6 +674,8 @@ pub struct Supervise {
     pub endpoint: String,
     pub cwd: String,
     pub argv: Vec<String>,
+    /// A Claude Code turn: `argv` is `claude -p --resume …`, spoken to in stream-json.
+    pub claude: Option<super::claude::Session>,
 }
 
 fn fill(arg: &str, s: &Supervise) -> String {
@@ -715,6 +735,26 @@ pub async fn supervise(s: Supervise) -> i32 {
         let _ = std::fs::remove_file(&lock_file);
         return 0;
     }
+    // A Claude session is resumed by one process at a time: the session's lock for as long
+    // as the turn runs, and no live process of the session beside it (two resumes fork the
+    // transcript silently). Either refuses the write; nothing was written.
+    let _session_lock = match &s.claude {
+        Some(c) => match super::claude::claim(&s.db, c) {
+            Ok(lock) => Some(lock),
+            Err(detail) => {
+                let _ = store.write(|tx| {
+                    tx.finish_run(&s.request_id, now(), None, "refused", Some(&detail))
+                });
+                cleanup(
+                    &s,
+                    &lock_file,
+                    &runs_dir(&s.db).join(format!("{}.log", s.request_id)),
+                );
+                return 0;
+            }
+        },
+        None => None,
+    };
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(args)
         .env("HANDOFFS_TEXT_FILE", &s.text_file)
@@ -727,6 +767,9 @@ pub async fn supervise(s: Supervise) -> i32 {
         // Its own process group: a timeout kills everything the command started.
         .process_group(0)
         .kill_on_drop(false);
+    if let Some(c) = &s.claude {
+        super::claude::prepare_command(&mut cmd, c);
+    }
     if !s.cwd.is_empty() {
         cmd.current_dir(&s.cwd);
     }
@@ -734,7 +777,10 @@ pub async fn supervise(s: Supervise) -> i32 {
     if let Ok(f) = create_private(&log)
         && let Ok(g) = f.try_clone()
     {
-        cmd.stdout(f).stderr(g);
+        if s.claude.is_none() {
+            cmd.stdout(f);
+        }
+        cmd.stderr(g);
     }
     let mut child = match cmd.spawn() {
         Ok(c) => c,
@@ -750,31 +796,59 @@ pub async fn supervise(s: Supervise) -> i32 {
     if let Some(pid) = pid {
         let _ = store.write(|tx| tx.set_run_pid(&s.request_id, i64::from(pid)));
     }
-    let waited = tokio::time::timeout(Duration::from_secs(s.timeout_secs), child.wait()).await;
-    let (code, outcome, detail) = match waited {
-        Ok(Ok(status)) => match status.code() {
-            Some(0) => (Some(0), "returned", None),
-            Some(c) => (
-                Some(i64::from(c)),
-                "errored",
-                Some(format!("exited with {c}")),
-            ),
-            None => (None, "errored", Some("killed by a signal".to_owned())),
-        },
-        Ok(Err(e)) => (None, "errored", Some(format!("wait failed: {e}"))),
-        Err(_) => {
-            if let Some(pid) = pid {
-                kill_group(pid);
+    let timeout = Duration::from_secs(s.timeout_secs);
+    let (code, outcome, detail): (Option<i64>, String, Option<String>) = match &s.claude {
+        Some(c) => {
+            let text = std::fs::read_to_string(&s.text_file).unwrap_or_default();
+            let talk = super::claude::converse(&mut child, &text, &s.request_id, &log);
+            if let Ok(turn) = tokio::time::timeout(timeout, talk).await {
+                super::claude::outcome(c, &s.cwd, &s.request_id, &turn)
+            } else {
+                if let Some(pid) = pid {
+                    kill_group(pid);
+                }
+                let _ = child.wait().await;
+                (
+                    None,
+                    "errored".to_owned(),
+                    Some(format!("killed after the {}s timeout", s.timeout_secs)),
+                )
             }
-            let _ = child.wait().await;
-            (
-                None,
-                "errored",
-                Some(format!("killed after the {}s timeout", s.timeout_secs)),
-            )
         }
+        None => match tokio::time::timeout(timeout, child.wait()).await {
+            Ok(Ok(status)) => match status.code() {
+                Some(0) => (Some(0), "returned".to_owned(), None),
+                Some(c) => (
+                    Some(i64::from(c)),
+                    "errored".to_owned(),
+                    Some(format!("exited with {c}")),
+                ),
+                None => (
+                    None,
+                    "errored".to_owned(),
+                    Some("killed by a signal".to_owned()),
+                ),
+            },
+            Ok(Err(e)) => (
+                None,
+                "errored".to_owned(),
+                Some(format!("wait failed: {e}")),
+            ),
+            Err(_) => {
+                if let Some(pid) = pid {
+                    kill_group(pid);
+                }
+                let _ = child.wait().await;
+                (
+                    None,
+                    "errored".to_owned(),
+                    Some(format!("killed after the {}s timeout", s.timeout_secs)),
+                )
+            }
+        },
     };
-    let _ = store.write(|tx| tx.finish_run(&s.request_id, now(), code, outcome, detail.as_deref()));
+    let _ =
+        store.write(|tx| tx.finish_run(&s.request_id, now(), code, &outcome, detail.as_deref()));
     cleanup(&s, &lock_file, &log);
     drop(lock);
     0
@@ -794,7 +868,7 @@ fn cleanup(s: &Supervise, lock_file: &Path, log: &Path) {
 }
 
 /// Creates (or truncates) a file only its owner can read.
-fn create_private(path: &Path) -> std::io::Result<File> {
+pub(crate) fn create_private(path: &Path) -> std::io::Result<File> {
     let mut opts = std::fs::OpenOptions::new();
     opts.write(true).create(true).truncate(true);
     #[cfg(unix)]

@@ -3,6 +3,7 @@
 //! a history scan). Errors are values, never panics. Which adapter serves an agent is decided
 //! by its provider; the engine never knows more than this module's enum.
 
+pub mod claude;
 pub mod command;
 pub mod demo;
 pub mod doctor;
@@ -57,6 +58,7 @@ impl Adapters {
         match Self::provider(agent) {
             Some(Provider::Command) => command::activity(self, service, agent).await,
             Some(Provider::Demo) => demo::activity(&mut service.borrow_mut(), agent),
+            Some(Provider::ClaudeCode) => claude::activity(service, agent),
             Some(p) => Activity::Unknown {
                 detail: format!("the {} adapter is not available in this build", p.as_str()),
             },
@@ -76,6 +78,7 @@ impl Adapters {
         match Self::provider(w.agent) {
             Some(Provider::Command) => command::start(self, service, w).await,
             Some(Provider::Demo) => demo::start(&mut service.borrow_mut(), w),
+            Some(Provider::ClaudeCode) => claude::start(service, w).await,
             _ => WriteOutcome::Refused {
                 detail: format!("no adapter for provider {:?}", w.agent.provider),
             },
@@ -92,6 +95,7 @@ impl Adapters {
         match Self::provider(agent) {
             Some(Provider::Command) => command::observe(self, service, agent, request_id).await,
             Some(Provider::Demo) => demo::observe(&mut service.borrow_mut(), agent, request_id),
+            Some(Provider::ClaudeCode) => claude::observe(service, agent, request_id),
             _ => Observed::Unreachable {
                 detail: format!("no adapter for provider {:?}", agent.provider),
             },
@@ -108,6 +112,7 @@ impl Adapters {
         match Self::provider(agent) {
             Some(Provider::Command) => command::scan(self, service, agent, request_id).await,
             Some(Provider::Demo) => demo::scan(&mut service.borrow_mut(), request_id),
+            Some(Provider::ClaudeCode) => claude::scan(service, agent, request_id),
             _ => ScanResult::NothingFound { complete: false },
         }
     }
@@ -136,6 +141,7 @@ pub fn check_settings(provider: Provider, settings: &Value) -> Result<(), String
     match provider {
         Provider::Command => command::check_settings(settings),
         Provider::Demo => demo::check_settings(settings),
-        Provider::Codex | Provider::ClaudeCode => Ok(()),
+        Provider::ClaudeCode => claude::check_settings(settings),
+        Provider::Codex => Ok(()),
     }
 }

@@ -323,6 +323,11 @@ pub struct SuperviseArgs {
     pub endpoint: String,
     #[arg(long, default_value = "")]
     pub cwd: String,
+    /// A Claude Code turn: the session `argv` resumes (spoken to in stream-json).
+    #[arg(long)]
+    pub claude_session: Option<String>,
+    #[arg(long, requires = "claude_session")]
+    pub claude_config_dir: Option<PathBuf>,
     #[arg(last = true, required = true)]
     pub argv: Vec<String>,
 }
@@ -1021,6 +1026,13 @@ pub fn run(cli: &Cli) -> Result<(), Failure> {
                 endpoint: a.endpoint.clone(),
                 cwd: a.cwd.clone(),
                 argv: a.argv.clone(),
+                claude: a
+                    .claude_session
+                    .as_ref()
+                    .map(|id| crate::adapter::claude::Session {
+                        id: id.clone(),
+                        config_dir: a.claude_config_dir.clone(),
+                    }),
             };
             let rt = runtime()?;
             let code = rt.block_on(crate::adapter::command::supervise(sup));

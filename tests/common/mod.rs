@@ -143,6 +143,24 @@ impl World {
             .expect("spawn engine")
     }
 
+    /// An engine whose processes (supervisors, the programs they run) also get `env`.
+    pub fn spawn_engine_env(&self, env: &[(String, String)]) -> Engine {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("engine.log"))
+            .expect("engine log");
+        self.cmd()
+            .args(["run", "--interval", "0.2"])
+            .env("HANDOFFS_LOG", "info")
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map(Engine)
+            .expect("spawn engine")
+    }
+
     /// Deliveries by id → state.
     pub fn states(&self) -> BTreeMap<String, String> {
         let o = self.json(&["status"]);

@@ -1,0 +1,847 @@
+//! The claude-code adapter (SPEC §4): one headless `claude -p --resume SESSION` per write, run
+//! under `handoffs supervise` like an argv command, so its outcome is recorded durably and
+//! survives an engine restart. The user message carries `uuid` = the request id; Claude writes
+//! it verbatim into the session's transcript and skips a uuid it already has.
+//!
+//! What a live session looks like: `$CLAUDE_CONFIG_DIR/sessions/<pid>.json` names the session
+//! of every running Claude process (the interactive one also says `idle`/`busy`); a killed
+//! process leaves its file behind, so the pid (and its start time) is checked. Two processes
+//! resuming one session fork its transcript silently, so a write never goes beside a live
+//! process of the session, and one lock per session (in a folder shared by every database of
+//! this user) keeps two of our own writes apart.
+//!
+//! History: `projects/<real folder, every character but letters and digits as '-'>/<session>.jsonl`.
+//! A request is found by its uuid; its reply is an assistant entry below it (through
+//! attachments and system entries, by `parentUuid`), before the next prompt.
+
+use super::command;
+use super::{Write, doctor};
+use crate::service::Service;
+use crate::store::{AgentRow, RunRow, millis};
+use model::states::TurnFailure;
+use model::{Activity, Observed, ScanResult, TurnId, WriteOutcome};
+use serde_json::{Value, json};
+use std::cell::RefCell;
+use std::fs::File;
+use std::io::BufRead as _;
+use std::path::{Path, PathBuf};
+
+/// The session a supervised Claude turn resumes.
+#[derive(Debug, Clone)]
+pub struct Session {
+    pub id: String,
+    /// `config_dir` as registered; otherwise Claude's own default applies.
+    pub config_dir: Option<PathBuf>,
+}
+
+fn setting<'a>(agent: &'a AgentRow, key: &str) -> Option<&'a str> {
+    agent.settings.get(key).and_then(Value::as_str)
+}
+
+/// The Claude configuration folder an agent's sessions live in: its `config_dir` setting,
+/// else `$CLAUDE_CONFIG_DIR`, else `~/.claude`.
+pub fn config_dir(configured: Option<&Path>) -> Option<PathBuf> {
+    configured
+        .map(Path::to_owned)
+        .or_else(|| std::env::var_os("CLAUDE_CONFIG_DIR").map(PathBuf::from))
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".claude")))
+}
+
+fn session_of(agent: &AgentRow) -> Session {
+    Session {
+        id: agent.endpoint.clone(),
+        config_dir: setting(agent, "config_dir").map(PathBuf::from),
+    }
+}
+
+pub fn check_settings(settings: &Value) -> Result<(), String> {
+    for key in ["binary", "config_dir"] {
+        if let Some(v) = settings.get(key)
+            && v.as_str().is_none_or(str::is_empty)
+        {
+            return Err(format!("{key} must be a non-empty string"));
+        }
+    }
+    if let Some(t) = settings.get("timeout") {
+        match t.as_u64() {
+            Some(s) if (1..=7 * 86_400).contains(&s) => {}
+            _ => return Err("timeout must be whole seconds from 1 to 604800".to_owned()),
+        }
+    }
+    Ok(())
+}
+
+/// `claude -p --resume SESSION`, speaking stream-json both ways.
+fn argv(agent: &AgentRow) -> Vec<String> {
+    let binary = setting(agent, "binary").unwrap_or("claude");
+    [
+        binary,
+        "-p",
+        "--resume",
+        &agent.endpoint,
+        "--input-format",
+        "stream-json",
+        "--output-format",
+        "stream-json",
+        "--replay-user-messages",
+        "--verbose",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect()
+}
+
+// ----- who holds a session -----------------------------------------------------------------
+
+/// A live Claude process that has the session open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    pub pid: i32,
+    /// `cli` for the interactive program, `sdk-cli` for `claude -p`.
+    pub entrypoint: String,
+    /// The interactive program's `idle` / `busy` / `waiting`.
+    pub status: Option<String>,
+}
+
+impl Holder {
+    fn describe(&self, session: &str) -> String {
+        if self.entrypoint == "cli" {
+            let status = self.status.as_deref().unwrap_or("status unknown");
+            format!(
+                "session {session} is open in an interactive session (pid {}, {status})",
+                self.pid
+            )
+        } else {
+            format!(
+                "another claude process has session {session} open (pid {})",
+                self.pid
+            )
+        }
+    }
+}
+
+/// Whether `pid` is alive and, when `proc_start` is given, is still the process that wrote
+/// the entry (field 22 of `/proc/<pid>/stat`; a reused pid has another).
+fn alive(pid: i32, proc_start: Option<&str>) -> bool {
+    if pid <= 0 {
+        return false;
+    }
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The command name (field 2) may hold spaces and parentheses: count after the last ')'.
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // fields[0] is field 3 (state); field 22 is fields[19].
+    if fields.first().is_some_and(|s| *s == "Z" || *s == "X") {
+        return false;
+    }
+    match proc_start {
+        Some(start) => fields.get(19).is_some_and(|f| *f == start),
+        None => true,
+    }
+}
+
+/// The live processes the registry names for `session`.
+pub fn live_holders(config: &Path, session: &str) -> Result<Vec<Holder>, String> {
+    let dir = config.join("sessions");
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(format!("cannot read {}: {e}", dir.display())),
+    };
+    let mut out = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.extension().and_then(|e| e.to_str()) != Some("json") {
+            continue;
+        }
+        // A file being rewritten may be half there: skip it, the next look sees it whole.
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        let Ok(v) = serde_json::from_str::<Value>(&text) else {
+            continue;
+        };
+        if v.get("sessionId").and_then(Value::as_str) != Some(session) {
+            continue;
+        }
+        let pid = v
+            .get("pid")
+            .and_then(Value::as_i64)
+            .and_then(|p| i32::try_from(p).ok())
+            .unwrap_or(0);
+        let proc_start = v.get("procStart").and_then(Value::as_str);
+        if alive(pid, proc_start) {
+            out.push(Holder {
+                pid,
+                entrypoint: v
+                    .get("entrypoint")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_owned(),
+                status: v.get("status").and_then(Value::as_str).map(str::to_owned),
+            });
+        }
+    }
+    out.sort_by_key(|h| h.pid);
+    Ok(out)
+}
+
+/// The folder of session locks, shared by every database of this user.
+fn locks_dir() -> PathBuf {
+    let uid = nix::unistd::getuid();
+    std::env::temp_dir().join(format!("handoffs-{uid}"))
+}
+
+fn session_lock_path(session: &str) -> PathBuf {
+    let safe: String = session
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    locks_dir().join(format!("claude-{safe}.lock"))
+}
+
+fn open_session_lock(session: &str) -> Result<File, String> {
+    let dir = locks_dir();
+    if !dir.exists() {
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
+        }
+    }
+    let path = session_lock_path(session);
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(false);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    opts.open(&path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))
+}
+
+/// Whether one of our writes holds the session's lock right now.
+fn session_locked(session: &str) -> bool {
+    let Ok(file) = open_session_lock(session) else {
+        return false;
+    };
+    match file.try_lock() {
+        Ok(()) => {
+            let _ = file.unlock();
+            false
+        }
+        Err(std::fs::TryLockError::WouldBlock) => true,
+        Err(std::fs::TryLockError::Error(_)) => false,
+    }
+}
+
+/// Takes the session for one turn, at the moment of writing: its lock, and no live process of
+/// it. The lock is held until the returned file is dropped. `Err` says why nothing is written.
+pub fn claim(_db: &Path, session: &Session) -> Result<File, String> {
+    let lock = open_session_lock(&session.id)?;
+    match lock.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            return Err(format!(
+                "another delivery is resuming session {} right now",
+                session.id
+            ));
+        }
+        Err(std::fs::TryLockError::Error(e)) => {
+            return Err(format!("cannot lock the session: {e}"));
+        }
+    }
+    // The planted naive adapter resumes whatever holds the session.
+    if crate::planted("resume_beside_live") {
+        return Ok(lock);
+    }
+    let config = config_dir(session.config_dir.as_deref())
+        .ok_or("no Claude config folder: set config_dir, or CLAUDE_CONFIG_DIR")?;
+    match live_holders(&config, &session.id)?.first() {
+        Some(h) => Err(h.describe(&session.id)),
+        None => Ok(lock),
+    }
+}
+
+// ----- the supervised turn -------------------------------------------------------------------
+
+/// Pipes for the turn, and the configuration folder the agent was registered with.
+pub fn prepare_command(cmd: &mut tokio::process::Command, session: &Session) {
+    cmd.stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped());
+    if let Some(dir) = &session.config_dir {
+        cmd.env("CLAUDE_CONFIG_DIR", dir);
+    }
+}
+
+/// What one `claude -p` run said.
+#[derive(Debug, Default)]
+pub struct Turn {
+    /// The `system/init` line: the turn began.
+    pub started: bool,
+    /// Our message echoed back (`--replay-user-messages`).
+    pub replayed: bool,
+    /// The one `result` line.
+    pub result: Option<Value>,
+    /// The exit code, or the signal that ended it.
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+    pub error: Option<String>,
+}
+
+/// Writes the message (one stream-json line, uuid = request id), closes stdin, and reads every
+/// line Claude prints until it exits; each line is kept in the run's log.
+pub async fn converse(
+    child: &mut tokio::process::Child,
+    text: &str,
+    request_id: &str,
+    log: &Path,
+) -> Turn {
+    use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
+    let mut turn = Turn::default();
+    let line = json!({
+        "type": "user",
+        "message": {"role": "user", "content": text},
+        "uuid": request_id,
+    });
+    if let Some(mut stdin) = child.stdin.take() {
+        let mut bytes = line.to_string().into_bytes();
+        bytes.push(b'\n');
+        if let Err(e) = stdin.write_all(&bytes).await {
+            turn.error = Some(format!("could not write the message: {e}"));
+        }
+        drop(stdin);
+    }
+    let mut kept = std::fs::OpenOptions::new().append(true).open(log).ok();
+    if let Some(stdout) = child.stdout.take() {
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        while let Ok(Some(l)) = lines.next_line().await {
+            if let Some(f) = kept.as_mut() {
+                use std::io::Write as _;
+                let _ = writeln!(f, "{l}");
+            }
+            let Ok(v) = serde_json::from_str::<Value>(&l) else {
+                continue;
+            };
+            match (
+                v.get("type").and_then(Value::as_str),
+                v.get("subtype").and_then(Value::as_str),
+            ) {
+                (Some("system"), Some("init")) => turn.started = true,
+                (Some("user"), _) if v.get("uuid").and_then(Value::as_str) == Some(request_id) => {
+                    turn.replayed = true;
+                }
+                (Some("result"), _) => turn.result = Some(v),
+                _ => {}
+            }
+        }
+    }
+    match child.wait().await {
+        Ok(status) => {
+            use std::os::unix::process::ExitStatusExt as _;
+            turn.code = status.code();
+            turn.signal = status.signal();
+        }
+        Err(e) => turn.error = Some(format!("wait failed: {e}")),
+    }
+    turn
+}
+
+/// The run's outcome (`returned`, `errored`, `interrupted`, `refused`) from what Claude said.
+pub fn outcome(
+    session: &Session,
+    cwd: &str,
+    request_id: &str,
+    turn: &Turn,
+) -> (Option<i64>, String, Option<String>) {
+    let code = turn.code.map(i64::from);
+    if let Some(r) = &turn.result {
+        let is_error = r.get("is_error").and_then(Value::as_bool).unwrap_or(true);
+        if !is_error {
+            return (code, "returned".to_owned(), None);
+        }
+        let errors: Vec<&str> = r
+            .get("errors")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        if errors.iter().any(|e| e.contains("No conversation found")) {
+            // Nothing was written: the session is not in this folder.
+            return (
+                code,
+                "refused".to_owned(),
+                Some(format!(
+                    "no conversation {} in {cwd} (a session resumes only in its own folder)",
+                    session.id
+                )),
+            );
+        }
+        if r.get("terminal_reason").and_then(Value::as_str) == Some("aborted_streaming") {
+            return (
+                code,
+                "interrupted".to_owned(),
+                Some("the turn was interrupted".to_owned()),
+            );
+        }
+        let text = r
+            .get("result")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .or_else(|| errors.first().map(|e| (*e).to_owned()))
+            .unwrap_or_else(|| "an error".to_owned());
+        return (code, "errored".to_owned(), Some(preview(&text)));
+    }
+    if turn.replayed && !turn.started && turn.code == Some(0) {
+        // Claude skipped a uuid its transcript already has: this request was written before.
+        // What became of it is in the transcript.
+        return match transcript_of(session, cwd).map(|p| find(&p, request_id)) {
+            Some(Ok(Found::Reply)) => (
+                code,
+                "returned".to_owned(),
+                Some("written before; its reply is in the transcript".to_owned()),
+            ),
+            Some(Ok(Found::ApiError(e))) => (code, "errored".to_owned(), Some(preview(&e))),
+            _ => (
+                code,
+                "interrupted".to_owned(),
+                Some("written before, without a reply".to_owned()),
+            ),
+        };
+    }
+    if let Some(sig) = turn.signal {
+        return (
+            None,
+            "interrupted".to_owned(),
+            Some(format!("claude was killed by signal {sig}")),
+        );
+    }
+    if turn.code == Some(0) && turn.result.is_none() && !turn.started {
+        // It read nothing it could use and ran no turn.
+        return (
+            code,
+            "refused".to_owned(),
+            Some(
+                turn.error
+                    .clone()
+                    .unwrap_or_else(|| "claude ran no turn".to_owned()),
+            ),
+        );
+    }
+    (
+        code,
+        "errored".to_owned(),
+        Some(match (&turn.error, turn.code) {
+            (Some(e), _) => e.clone(),
+            (None, Some(c)) => format!("claude exited with {c} without a result"),
+            (None, None) => "claude ended without a result".to_owned(),
+        }),
+    )
+}
+
+fn preview(text: &str) -> String {
+    let one_line = text.replace('\n', " ");
+    match one_line.char_indices().nth(200) {
+        Some((i, _)) => format!("{}…", &one_line[..i]),
+        None => one_line,
+    }
+}
+
+// ----- the transcript ------------------------------------------------------------------------
+
+/// What the transcript says of a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Found {
+    /// No entry with its uuid.
+    Absent,
+    /// The prompt is there and an assistant answered it.
+    Reply,
+    /// The prompt is there and the API failed (Claude wrote its error as the answer).
+    ApiError(String),
+    /// The prompt is there, with no answer (yet, or ever).
+    NoReply,
+}
+
+fn transcript_of(session: &Session, cwd: &str) -> Option<PathBuf> {
+    let config = config_dir(session.config_dir.as_deref())?;
+    Some(doctor::transcript_path(
+        &config,
+        Path::new(cwd),
+        &session.id,
+    ))
+}
+
+/// Searches a transcript for `request_id`. An unreadable transcript is an error (the search is
+/// not complete); a missing one holds nothing.
+pub fn find(path: &Path, request_id: &str) -> Result<Found, String> {
+    let file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Found::Absent),
+        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+    };
+    let mut below: std::collections::HashSet<String> = std::collections::HashSet::new();
+    let mut found = false;
+    for line in std::io::BufReader::new(file).lines() {
+        let line = line.map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        // Cheap first: most lines are not about our request.
+        if !found && !line.contains(request_id) {
+            continue;
+        }
+        let Ok(v) = serde_json::from_str::<Value>(&line) else {
+            continue;
+        };
+        let kind = v.get("type").and_then(Value::as_str).unwrap_or("");
+        let uuid = v.get("uuid").and_then(Value::as_str).unwrap_or("");
+        if !found {
+            if kind == "user" && uuid == request_id {
+                found = true;
+                below.insert(uuid.to_owned());
+            }
+            continue;
+        }
+        let parent = v.get("parentUuid").and_then(Value::as_str).unwrap_or("");
+        if !below.contains(parent) {
+            continue;
+        }
+        match kind {
+            "assistant" => {
+                let api_error = v
+                    .get("isApiErrorMessage")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false);
+                let text = v["message"]["content"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|b| b.get("text").and_then(Value::as_str))
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                if api_error {
+                    return Ok(Found::ApiError(text));
+                }
+                // A later resume answers a prompt left without a reply for the model with a
+                // synthetic "No response requested.": that is not a reply (and a real one
+                // may still follow on another branch of a forked transcript).
+                if v["message"]["model"].as_str() == Some("<synthetic>") {
+                    continue;
+                }
+                return Ok(Found::Reply);
+            }
+            // A prompt below ours is not part of our turn.
+            "user" if v.get("toolUseResult").is_none() && !is_tool_result(&v) => {}
+            _ => {
+                below.insert(uuid.to_owned());
+            }
+        }
+    }
+    Ok(if found { Found::NoReply } else { Found::Absent })
+}
+
+fn is_tool_result(v: &Value) -> bool {
+    v["message"]["content"].as_array().is_some_and(|a| {
+        a.iter()
+            .any(|b| b.get("type").and_then(Value::as_str) == Some("tool_result"))
+    })
+}
+
+/// What the transcript says of a run whose supervisor and process are both gone.
+fn gone_outcome(session: &Session, cwd: &str, run: &RunRow) -> (String, String) {
+    match transcript_of(session, cwd).map(|p| find(&p, &run.request_id)) {
+        Some(Ok(Found::Reply)) => (
+            "returned".to_owned(),
+            "its supervisor was gone; the reply is in the transcript".to_owned(),
+        ),
+        Some(Ok(Found::ApiError(e))) => ("errored".to_owned(), preview(&e)),
+        _ => (
+            "interrupted".to_owned(),
+            "its supervisor was gone and the transcript has no reply".to_owned(),
+        ),
+    }
+}
+
+fn observed_of_found(found: &Found, turn: TurnId, live: bool) -> Observed {
+    match found {
+        Found::Absent => Observed::NotFound,
+        Found::Reply => Observed::Returned { turn },
+        Found::ApiError(_) => Observed::Failed {
+            turn,
+            failure: TurnFailure::Errored,
+            turn_open: false,
+        },
+        Found::NoReply if live => Observed::Running { turn },
+        Found::NoReply => Observed::Failed {
+            turn,
+            failure: TurnFailure::Interrupted,
+            turn_open: false,
+        },
+    }
+}
+
+// ----- the four questions --------------------------------------------------------------------
+
+pub fn activity(service: &RefCell<Service>, agent: &AgentRow) -> Activity {
+    let session = session_of(agent);
+    let mut service = service.borrow_mut();
+    let db = service.store.path().to_owned();
+    let now = millis(service.now());
+    let open = match service.store.read(|tx| tx.open_runs_for(&agent.id)) {
+        Ok(runs) => runs,
+        Err(e) => {
+            return Activity::Unknown {
+                detail: e.to_string(),
+            };
+        }
+    };
+    for run in open {
+        let busy = command::still_running_or(&mut service.store, &db, &run, now, |r| {
+            gone_outcome(&session, &agent.cwd, r)
+        });
+        if busy {
+            return Activity::Busy {
+                turn: Some(TurnId::new(&run.request_id)),
+                detail: None,
+            };
+        }
+    }
+    if session.id.is_empty() {
+        return Activity::Unknown {
+            detail: "no session id: register the Claude session with --endpoint".to_owned(),
+        };
+    }
+    if session_locked(&session.id) {
+        return Activity::Busy {
+            turn: None,
+            detail: Some(format!(
+                "another delivery is resuming session {}",
+                session.id
+            )),
+        };
+    }
+    if crate::planted("resume_beside_live") {
+        return Activity::Idle;
+    }
+    let Some(config) = config_dir(session.config_dir.as_deref()) else {
+        return Activity::Unknown {
+            detail: "no Claude config folder: set config_dir, or CLAUDE_CONFIG_DIR".to_owned(),
+        };
+    };
+    match live_holders(&config, &session.id) {
+        Ok(holders) => match holders.first() {
+            Some(h) => Activity::Busy {
+                turn: None,
+                detail: Some(h.describe(&session.id)),
+            },
+            None => Activity::Idle,
+        },
+        Err(detail) => Activity::Unknown { detail },
+    }
+}
+
+pub async fn start(service: &RefCell<Service>, w: &Write<'_>) -> WriteOutcome {
+    if w.agent.endpoint.is_empty() {
+        return WriteOutcome::Refused {
+            detail: "no session id: register the Claude session with --endpoint".to_owned(),
+        };
+    }
+    if w.agent.cwd.is_empty() {
+        return WriteOutcome::Refused {
+            detail: "no folder: a Claude session resumes only in its own folder (--cwd)".to_owned(),
+        };
+    }
+    let session = session_of(w.agent);
+    let mut extra = vec!["--claude-session".to_owned(), session.id.clone()];
+    if let Some(dir) = &session.config_dir {
+        extra.push("--claude-config-dir".to_owned());
+        extra.push(dir.to_string_lossy().into_owned());
+    }
+    command::start_supervised(service, w, argv(w.agent), &extra).await
+}
+
+/// The run's record first (complete for every write of ours), then the transcript.
+pub fn observe(service: &RefCell<Service>, agent: &AgentRow, request_id: &str) -> Observed {
+    let session = session_of(agent);
+    let mut service = service.borrow_mut();
+    let db = service.store.path().to_owned();
+    let now = millis(service.now());
+    let turn = TurnId::new(request_id);
+    match service.store.read(|tx| tx.run(request_id)) {
+        Ok(Some(run)) => {
+            if run.outcome.is_some() {
+                return command::observed_of(&run, false);
+            }
+            let live = command::still_running_or(&mut service.store, &db, &run, now, |r| {
+                gone_outcome(&session, &agent.cwd, r)
+            });
+            if live {
+                return command::observed_of(&run, true);
+            }
+            match service.store.read(|tx| tx.run(request_id)) {
+                Ok(Some(fresh)) => command::observed_of(&fresh, false),
+                Ok(None) => Observed::NotFound,
+                Err(e) => Observed::Unreachable {
+                    detail: e.to_string(),
+                },
+            }
+        }
+        Ok(None) if command::run_may_start(&db, request_id) => Observed::Unreachable {
+            detail: "the run's supervisor is starting".to_owned(),
+        },
+        Ok(None) => match transcript_of(&session, &agent.cwd).map(|p| find(&p, request_id)) {
+            Some(Ok(found)) => observed_of_found(&found, turn, false),
+            Some(Err(detail)) => Observed::Unreachable { detail },
+            None => Observed::Unreachable {
+                detail: "no Claude config folder".to_owned(),
+            },
+        },
+        Err(e) => Observed::Unreachable {
+            detail: e.to_string(),
+        },
+    }
+}
+
+pub fn scan(service: &RefCell<Service>, agent: &AgentRow, request_id: &str) -> ScanResult {
+    let refused_or_none = {
+        let mut s = service.borrow_mut();
+        match s.store.read(|tx| tx.run(request_id)) {
+            Ok(Some(run)) => run.outcome.as_deref() == Some("refused"),
+            Ok(None) => true,
+            Err(_) => return ScanResult::NothingFound { complete: false },
+        }
+    };
+    if !refused_or_none {
+        return match observe(service, agent, request_id) {
+            Observed::Unreachable { .. } => ScanResult::NothingFound { complete: false },
+            observed => ScanResult::Found { observed },
+        };
+    }
+    let db = service.borrow().store.path().to_owned();
+    if command::run_may_start(&db, request_id) {
+        return ScanResult::NothingFound { complete: false };
+    }
+    let session = session_of(agent);
+    match transcript_of(&session, &agent.cwd).map(|p| find(&p, request_id)) {
+        Some(Ok(Found::Absent)) => ScanResult::NothingFound { complete: true },
+        Some(Ok(found)) => ScanResult::Found {
+            observed: observed_of_found(&found, TurnId::new(request_id), false),
+        },
+        _ => ScanResult::NothingFound { complete: false },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, lines: &[Value]) -> PathBuf {
+        let p = dir.join("t.jsonl");
+        let text: Vec<String> = lines.iter().map(Value::to_string).collect();
+        std::fs::write(&p, text.join("\n") + "\n").unwrap();
+        p
+    }
+
+    #[test]
+    fn a_reply_is_found_below_its_prompt_through_attachments() {
+        let d = tempfile::tempdir().unwrap();
+        let p = write(
+            d.path(),
+            &[
+                json!({"type":"user","uuid":"a","parentUuid":null,"message":{"content":"x"}}),
+                json!({"type":"user","uuid":"req-1","parentUuid":"a","message":{"content":"hi"}}),
+                json!({"type":"attachment","uuid":"att","parentUuid":"req-1"}),
+                json!({"type":"assistant","uuid":"r","parentUuid":"att","message":{"model":"m","content":[{"type":"text","text":"ok"}]}}),
+            ],
+        );
+        assert_eq!(find(&p, "req-1").unwrap(), Found::Reply);
+        assert_eq!(find(&p, "req-2").unwrap(), Found::Absent);
+        assert_eq!(
+            find(&d.path().join("none.jsonl"), "req-1").unwrap(),
+            Found::Absent
+        );
+    }
+
+    #[test]
+    fn a_prompt_without_a_reply_or_with_a_synthetic_one_has_none() {
+        let d = tempfile::tempdir().unwrap();
+        let p = write(
+            d.path(),
+            &[
+                json!({"type":"user","uuid":"req-1","parentUuid":null,"message":{"content":"hi"}}),
+                json!({"type":"assistant","uuid":"s","parentUuid":"req-1","message":{"model":"<synthetic>","content":[{"type":"text","text":"No response requested."}]}}),
+                json!({"type":"user","uuid":"req-2","parentUuid":"s","message":{"content":"next"}}),
+                json!({"type":"assistant","uuid":"e","parentUuid":"req-2","isApiErrorMessage":true,"message":{"model":"<synthetic>","content":[{"type":"text","text":"API Error: 500"}]}}),
+                json!({"type":"user","uuid":"req-3","parentUuid":"e","message":{"content":"last"}}),
+            ],
+        );
+        assert_eq!(find(&p, "req-1").unwrap(), Found::NoReply);
+        assert_eq!(
+            find(&p, "req-2").unwrap(),
+            Found::ApiError("API Error: 500".to_owned())
+        );
+        assert_eq!(find(&p, "req-3").unwrap(), Found::NoReply);
+    }
+
+    #[test]
+    fn a_forked_transcript_keeps_each_reply_with_its_prompt() {
+        let d = tempfile::tempdir().unwrap();
+        let p = write(
+            d.path(),
+            &[
+                json!({"type":"user","uuid":"A","parentUuid":"leaf","message":{"content":"a"}}),
+                json!({"type":"user","uuid":"B","parentUuid":"leaf","message":{"content":"b"}}),
+                json!({"type":"assistant","uuid":"rb","parentUuid":"B","message":{"model":"m","content":[]}}),
+                // A resume beside A's live turn: a synthetic answer below A, then A's real one.
+                json!({"type":"user","uuid":"C","parentUuid":"leaf2","message":{"content":"c"}}),
+                json!({"type":"assistant","uuid":"sc","parentUuid":"C","message":{"model":"<synthetic>","content":[]}}),
+                json!({"type":"user","uuid":"D","parentUuid":"sc","message":{"content":"d"}}),
+                json!({"type":"assistant","uuid":"rc","parentUuid":"C","message":{"model":"m","content":[]}}),
+            ],
+        );
+        assert_eq!(find(&p, "A").unwrap(), Found::NoReply);
+        assert_eq!(find(&p, "B").unwrap(), Found::Reply);
+        assert_eq!(find(&p, "C").unwrap(), Found::Reply);
+        assert_eq!(find(&p, "D").unwrap(), Found::NoReply);
+    }
+
+    #[test]
+    fn a_dead_or_reused_pid_holds_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let sessions = d.path().join("sessions");
+        std::fs::create_dir_all(&sessions).unwrap();
+        let me = std::process::id();
+        std::fs::write(
+            sessions.join("1.json"),
+            json!({"pid": me, "sessionId": "S", "entrypoint": "cli", "status": "idle"}).to_string(),
+        )
+        .unwrap();
+        std::fs::write(
+            sessions.join("2.json"),
+            json!({"pid": me, "sessionId": "S", "procStart": "1", "entrypoint": "sdk-cli"})
+                .to_string(),
+        )
+        .unwrap();
+        std::fs::write(
+            sessions.join("3.json"),
+            json!({"pid": 999_999_999, "sessionId": "S"}).to_string(),
+        )
+        .unwrap();
+        let holders = live_holders(d.path(), "S").unwrap();
+        assert_eq!(holders.len(), 1, "{holders:?}");
+        assert_eq!(holders[0].entrypoint, "cli");
+        assert!(live_holders(d.path(), "other").unwrap().is_empty());
+        assert!(
+            live_holders(&d.path().join("nothing"), "S")
+                .unwrap()
+                .is_empty()
+        );
+    }
+}
