@@ -43,7 +43,6 @@ fn agent_add_warns_about_what_it_can_tell_is_wrong_and_registers_anyway() {
         "handoffs: warning: cx",
         "no-such-codex is not an executable file, nor found on PATH",
         "thread 0199-thread not found under",
-        "the codex adapter is not available in this build",
     ] {
         assert!(stderr.contains(expected), "{expected:?} in:\n{stderr}");
     }
@@ -121,16 +120,9 @@ fn doctor_finds_the_binary_the_thread_and_the_session() {
     ] {
         assert!(stdout.contains(expected), "{expected:?} in:\n{stdout}");
     }
-    // The codex adapter is still missing: said, and the exit code says so; the claude-code
-    // adapter is there.
+    assert!(!stdout.contains("PROBLEM"), "{stdout}");
     assert!(
-        stdout.contains("PROBLEM cx: the codex adapter is not available in this build"),
-        "{stdout}"
-    );
-    assert!(!stdout.contains("PROBLEM cc:"), "{stdout}");
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("doctor: 1 problem found"),
+        out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );

@@ -307,6 +307,7 @@ pub async fn converse(
     text: &str,
     request_id: &str,
     log: &Path,
+    began: &mut dyn FnMut(),
 ) -> Turn {
     use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
     let mut turn = Turn::default();
@@ -338,7 +339,12 @@ pub async fn converse(
                 v.get("type").and_then(Value::as_str),
                 v.get("subtype").and_then(Value::as_str),
             ) {
-                (Some("system"), Some("init")) => turn.started = true,
+                (Some("system"), Some("init")) => {
+                    if !turn.started {
+                        began();
+                    }
+                    turn.started = true;
+                }
                 (Some("user"), _) if v.get("uuid").and_then(Value::as_str) == Some(request_id) => {
                     turn.replayed = true;
                 }

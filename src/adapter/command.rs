@@ -181,7 +181,7 @@ fn orphan(run: &RunRow, now: i64) -> Orphan {
 }
 
 /// Kills a process's whole group (a command leads its own group), and the process itself.
-fn kill_group(pid: i32) {
+pub(crate) fn kill_group(pid: i32) {
     use nix::sys::signal::{Signal, kill, killpg};
     use nix::unistd::{Pid, getpgid};
     let pid = Pid::from_raw(pid);
@@ -676,6 +676,8 @@ pub struct Supervise {
     pub argv: Vec<String>,
     /// A Claude Code turn: `argv` is `claude -p --resume …`, spoken to in stream-json.
     pub claude: Option<super::claude::Session>,
+    /// A Codex turn: `argv` is `codex app-server`, spoken to in JSON-RPC.
+    pub codex: Option<super::codex::Thread>,
 }
 
 fn fill(arg: &str, s: &Supervise) -> String {
@@ -770,6 +772,9 @@ pub async fn supervise(s: Supervise) -> i32 {
     if let Some(c) = &s.claude {
         super::claude::prepare_command(&mut cmd, c);
     }
+    if let Some(t) = &s.codex {
+        super::codex::prepare_command(&mut cmd, t);
+    }
     if !s.cwd.is_empty() {
         cmd.current_dir(&s.cwd);
     }
@@ -777,7 +782,7 @@ pub async fn supervise(s: Supervise) -> i32 {
     if let Ok(f) = create_private(&log)
         && let Ok(g) = f.try_clone()
     {
-        if s.claude.is_none() {
+        if s.claude.is_none() && s.codex.is_none() {
             cmd.stdout(f);
         }
         cmd.stderr(g);
@@ -793,14 +798,40 @@ pub async fn supervise(s: Supervise) -> i32 {
         }
     };
     let pid = child.id().and_then(|p| i32::try_from(p).ok());
-    if let Some(pid) = pid {
-        let _ = store.write(|tx| tx.set_run_pid(&s.request_id, i64::from(pid)));
+    // The pid is the receipt the engine waits for: for a Codex write it is recorded once the
+    // app-server took the message, for a Claude one once the turn began, so a thread held
+    // elsewhere or a session not found is a refusal, not a turn.
+    let mut record_pid = || {
+        if let Some(pid) = pid {
+            let _ = store.write(|tx| tx.set_run_pid(&s.request_id, i64::from(pid)));
+        }
+    };
+    if s.codex.is_none() && s.claude.is_none() {
+        record_pid();
     }
     let timeout = Duration::from_secs(s.timeout_secs);
-    let (code, outcome, detail): (Option<i64>, String, Option<String>) = match &s.claude {
-        Some(c) => {
+    let (code, outcome, detail): (Option<i64>, String, Option<String>) = match (&s.claude, &s.codex)
+    {
+        (None, Some(t)) => {
+            // The agent's timeout bounds a turn without progress; the app-server lives on
+            // as long as its turn makes some.
             let text = std::fs::read_to_string(&s.text_file).unwrap_or_default();
-            let talk = super::claude::converse(&mut child, &text, &s.request_id, &log);
+            let (outcome, detail) = super::codex::converse(
+                &mut child,
+                t,
+                &text,
+                &s.request_id,
+                &log,
+                timeout,
+                &mut record_pid,
+            )
+            .await;
+            (None, outcome, detail)
+        }
+        (Some(c), _) => {
+            let text = std::fs::read_to_string(&s.text_file).unwrap_or_default();
+            let talk =
+                super::claude::converse(&mut child, &text, &s.request_id, &log, &mut record_pid);
             if let Ok(turn) = tokio::time::timeout(timeout, talk).await {
                 super::claude::outcome(c, &s.cwd, &s.request_id, &turn)
             } else {
@@ -815,7 +846,7 @@ pub async fn supervise(s: Supervise) -> i32 {
                 )
             }
         }
-        None => match tokio::time::timeout(timeout, child.wait()).await {
+        (None, None) => match tokio::time::timeout(timeout, child.wait()).await {
             Ok(Ok(status)) => match status.code() {
                 Some(0) => (Some(0), "returned".to_owned(), None),
                 Some(c) => (

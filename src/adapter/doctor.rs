@@ -122,9 +122,6 @@ fn codex(agent: &AgentRow, f: &mut Findings) {
             )),
         }
     }
-    f.problem(
-        "the codex adapter is not available in this build: deliveries to this agent wait UNAVAILABLE",
-    );
 }
 
 fn claude_code(agent: &AgentRow, f: &mut Findings) {
@@ -179,7 +176,7 @@ pub fn transcript_path(config: &Path, cwd: &Path, session: &str) -> PathBuf {
 }
 
 /// Codex keeps a thread as `sessions/YYYY/MM/DD/rollout-<time>-<thread>.jsonl`.
-fn find_rollout(sessions: &Path, thread: &str) -> Option<PathBuf> {
+pub fn find_rollout(sessions: &Path, thread: &str) -> Option<PathBuf> {
     let suffix = format!("-{thread}.jsonl");
     let mut stack = vec![(sessions.to_owned(), 0)];
     while let Some((dir, depth)) = stack.pop() {

@@ -4,6 +4,7 @@
 //! by its provider; the engine never knows more than this module's enum.
 
 pub mod claude;
+pub mod codex;
 pub mod command;
 pub mod demo;
 pub mod doctor;
@@ -59,9 +60,7 @@ impl Adapters {
             Some(Provider::Command) => command::activity(self, service, agent).await,
             Some(Provider::Demo) => demo::activity(&mut service.borrow_mut(), agent),
             Some(Provider::ClaudeCode) => claude::activity(service, agent),
-            Some(p) => Activity::Unknown {
-                detail: format!("the {} adapter is not available in this build", p.as_str()),
-            },
+            Some(Provider::Codex) => codex::activity(service, agent),
             None => Activity::Unknown {
                 detail: format!("unknown provider {:?}", agent.provider),
             },
@@ -79,6 +78,7 @@ impl Adapters {
             Some(Provider::Command) => command::start(self, service, w).await,
             Some(Provider::Demo) => demo::start(&mut service.borrow_mut(), w),
             Some(Provider::ClaudeCode) => claude::start(service, w).await,
+            Some(Provider::Codex) => codex::start(service, w).await,
             _ => WriteOutcome::Refused {
                 detail: format!("no adapter for provider {:?}", w.agent.provider),
             },
@@ -96,6 +96,7 @@ impl Adapters {
             Some(Provider::Command) => command::observe(self, service, agent, request_id).await,
             Some(Provider::Demo) => demo::observe(&mut service.borrow_mut(), agent, request_id),
             Some(Provider::ClaudeCode) => claude::observe(service, agent, request_id),
+            Some(Provider::Codex) => codex::observe(service, agent, request_id),
             _ => Observed::Unreachable {
                 detail: format!("no adapter for provider {:?}", agent.provider),
             },
@@ -113,6 +114,7 @@ impl Adapters {
             Some(Provider::Command) => command::scan(self, service, agent, request_id).await,
             Some(Provider::Demo) => demo::scan(&mut service.borrow_mut(), request_id),
             Some(Provider::ClaudeCode) => claude::scan(service, agent, request_id),
+            Some(Provider::Codex) => codex::scan(service, agent, request_id),
             _ => ScanResult::NothingFound { complete: false },
         }
     }
@@ -142,6 +144,6 @@ pub fn check_settings(provider: Provider, settings: &Value) -> Result<(), String
         Provider::Command => command::check_settings(settings),
         Provider::Demo => demo::check_settings(settings),
         Provider::ClaudeCode => claude::check_settings(settings),
-        Provider::Codex => Ok(()),
+        Provider::Codex => codex::check_settings(settings),
     }
 }

@@ -328,6 +328,11 @@ pub struct SuperviseArgs {
     pub claude_session: Option<String>,
     #[arg(long, requires = "claude_session")]
     pub claude_config_dir: Option<PathBuf>,
+    /// A Codex turn: the thread `argv` (`codex app-server`) writes to.
+    #[arg(long, conflicts_with = "claude_session")]
+    pub codex_thread: Option<String>,
+    #[arg(long, requires = "codex_thread")]
+    pub codex_home: Option<PathBuf>,
     #[arg(last = true, required = true)]
     pub argv: Vec<String>,
 }
@@ -1026,6 +1031,13 @@ pub fn run(cli: &Cli) -> Result<(), Failure> {
                 endpoint: a.endpoint.clone(),
                 cwd: a.cwd.clone(),
                 argv: a.argv.clone(),
+                codex: a
+                    .codex_thread
+                    .as_ref()
+                    .map(|id| crate::adapter::codex::Thread {
+                        id: id.clone(),
+                        home: a.codex_home.clone(),
+                    }),
                 claude: a
                     .claude_session
                     .as_ref()

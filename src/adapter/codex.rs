@@ -1,0 +1,673 @@
+//! The codex adapter (SPEC §4): one `codex app-server` per write, over stdio, run under
+//! `handoffs supervise` like an argv command (so its outcome is recorded durably and survives
+//! an engine restart). The supervisor resumes the thread and writes through the thread's queue
+//! (`thread/queue/add`, `clientUserMessageId` = the request id), which starts the message as a
+//! turn of its own; never `turn/start`, which Codex folds into a running turn. The turn whose
+//! user message carries our id ends with `turn/completed` (`completed | failed | interrupted`);
+//! a turn without progress past the agent's timeout is interrupted and counts as errored.
+//!
+//! A thread held by another process (the person's Codex, an IDE) has its writer lock taken
+//! (`$CODEX_HOME/thread-writer-locks/<thread>.lock`): the recipient is busy, with that reason,
+//! and `thread/resume` would answer "already has an active writer".
+//!
+//! History: the rollout file `sessions/YYYY/MM/DD/rollout-…-<thread>.jsonl` records each user
+//! message's `client_id` with its turn, and each turn's end (`task_complete`, `turn_aborted`).
+//!
+//! Not built: writing through the Codex daemon's socket (the person's open session); a thread
+//! the daemon serves shows as held, and the write waits.
+
+use super::command;
+use super::{Write, doctor};
+use crate::service::Service;
+use crate::store::{AgentRow, RunRow, millis};
+use model::states::TurnFailure;
+use model::{Activity, Observed, ScanResult, TurnId, WriteOutcome};
+use serde_json::{Value, json};
+use std::cell::RefCell;
+use std::io::BufRead as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The thread a supervised Codex turn writes to.
+#[derive(Debug, Clone)]
+pub struct Thread {
+    pub id: String,
+    /// `home` as registered; otherwise `$CODEX_HOME`, else `~/.codex`.
+    pub home: Option<PathBuf>,
+}
+
+fn setting<'a>(agent: &'a AgentRow, key: &str) -> Option<&'a str> {
+    agent.settings.get(key).and_then(Value::as_str)
+}
+
+/// The Codex home a thread lives in.
+pub fn home(configured: Option<&Path>) -> Option<PathBuf> {
+    configured
+        .map(Path::to_owned)
+        .or_else(|| std::env::var_os("CODEX_HOME").map(PathBuf::from))
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".codex")))
+}
+
+fn thread_of(agent: &AgentRow) -> Thread {
+    Thread {
+        id: agent.endpoint.clone(),
+        home: setting(agent, "home").map(PathBuf::from),
+    }
+}
+
+pub fn check_settings(settings: &Value) -> Result<(), String> {
+    for key in ["binary", "home"] {
+        if let Some(v) = settings.get(key)
+            && v.as_str().is_none_or(str::is_empty)
+        {
+            return Err(format!("{key} must be a non-empty string"));
+        }
+    }
+    if let Some(t) = settings.get("timeout") {
+        match t.as_u64() {
+            Some(s) if (1..=7 * 86_400).contains(&s) => {}
+            _ => return Err("timeout must be whole seconds from 1 to 604800".to_owned()),
+        }
+    }
+    Ok(())
+}
+
+// ----- who holds a thread ---------------------------------------------------------------------
+
+/// The processes holding an OS lock on `path` (flock or POSIX), from `/proc/locks`.
+fn lock_holders(path: &Path) -> Vec<i32> {
+    use std::os::unix::fs::MetadataExt as _;
+    let Ok(meta) = std::fs::metadata(path) else {
+        return Vec::new();
+    };
+    let inode = meta.ino().to_string();
+    let Ok(locks) = std::fs::read_to_string("/proc/locks") else {
+        return Vec::new();
+    };
+    let mut pids = Vec::new();
+    for line in locks.lines() {
+        // "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF" (a "->" marks a waiter).
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.get(1) == Some(&"->") {
+            continue;
+        }
+        let Some(pid) = fields.get(4).and_then(|p| p.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Some(dev_ino) = fields.get(5) else {
+            continue;
+        };
+        if dev_ino.rsplit(':').next() == Some(inode.as_str()) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+fn writer_lock(home: &Path, thread: &str) -> PathBuf {
+    home.join("thread-writer-locks")
+        .join(format!("{thread}.lock"))
+}
+
+// ----- the supervised turn --------------------------------------------------------------------
+
+/// Pipes for the app-server, and the home the agent was registered with.
+pub fn prepare_command(cmd: &mut tokio::process::Command, thread: &Thread) {
+    cmd.stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped());
+    if let Some(home) = &thread.home {
+        cmd.env("CODEX_HOME", home);
+    }
+}
+
+/// JSON-RPC lines over the app-server's stdio (no `"jsonrpc"` field, as Codex speaks it).
+struct Rpc {
+    stdin: Option<tokio::process::ChildStdin>,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    next_id: i64,
+    log: Option<std::fs::File>,
+    /// Notifications read while waiting for an answer, not yet handled.
+    pending: std::collections::VecDeque<Value>,
+}
+
+impl Rpc {
+    async fn send(&mut self, msg: &Value) -> Result<(), String> {
+        use tokio::io::AsyncWriteExt as _;
+        let stdin = self.stdin.as_mut().ok_or("stdin closed")?;
+        let mut bytes = msg.to_string().into_bytes();
+        bytes.push(b'\n');
+        stdin
+            .write_all(&bytes)
+            .await
+            .map_err(|e| format!("the app-server stopped reading: {e}"))
+    }
+
+    /// The next message from the app-server; `None` when it closed its output.
+    async fn read(&mut self) -> Option<Value> {
+        loop {
+            let line = self.lines.next_line().await.ok()??;
+            if let Some(f) = self.log.as_mut() {
+                use std::io::Write as _;
+                let _ = writeln!(f, "{line}");
+            }
+            if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                return Some(v);
+            }
+        }
+    }
+
+    async fn call(&mut self, method: &str, params: Value) -> Result<Value, String> {
+        self.next_id += 1;
+        let id = self.next_id;
+        self.send(&json!({"id": id, "method": method, "params": params}))
+            .await?;
+        loop {
+            let msg = self
+                .read()
+                .await
+                .ok_or_else(|| format!("the app-server exited before answering {method}"))?;
+            if msg.get("id").and_then(Value::as_i64) == Some(id) && msg.get("method").is_none() {
+                if let Some(e) = msg.get("error") {
+                    return Err(e
+                        .get("message")
+                        .and_then(Value::as_str)
+                        .unwrap_or("an error")
+                        .to_owned());
+                }
+                return Ok(msg.get("result").cloned().unwrap_or(Value::Null));
+            }
+            self.pending.push_back(msg);
+        }
+    }
+
+    async fn next(&mut self) -> Option<Value> {
+        match self.pending.pop_front() {
+            Some(v) => Some(v),
+            None => self.read().await,
+        }
+    }
+
+    /// Answers a request from the app-server (an approval): declined, so a turn never stalls
+    /// waiting for a person who is not there.
+    async fn decline(&mut self, request: &Value) {
+        let Some(id) = request.get("id").cloned() else {
+            return;
+        };
+        let _ = self
+            .send(&json!({"id": id, "result": {"decision": "decline"}}))
+            .await;
+    }
+}
+
+/// What one supervised Codex write came to: `(outcome, detail)`.
+pub async fn converse(
+    child: &mut tokio::process::Child,
+    thread: &Thread,
+    text: &str,
+    request_id: &str,
+    log: &Path,
+    no_progress: Duration,
+    written: &mut dyn FnMut(),
+) -> (String, Option<String>) {
+    use tokio::io::AsyncBufReadExt as _;
+    let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+        return (
+            "refused".to_owned(),
+            Some("no pipes to the app-server".to_owned()),
+        );
+    };
+    let mut rpc = Rpc {
+        stdin: Some(stdin),
+        lines: tokio::io::BufReader::new(stdout).lines(),
+        next_id: 0,
+        log: std::fs::OpenOptions::new().append(true).open(log).ok(),
+        pending: std::collections::VecDeque::new(),
+    };
+    let result = talk(&mut rpc, thread, text, request_id, no_progress, written).await;
+    // Closing stdin ends the app-server, which frees the thread's writer lock.
+    rpc.stdin = None;
+    if tokio::time::timeout(Duration::from_secs(5), child.wait())
+        .await
+        .is_err()
+    {
+        if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
+            command::kill_group(pid);
+        }
+        let _ = child.wait().await;
+    }
+    result
+}
+
+async fn talk(
+    rpc: &mut Rpc,
+    thread: &Thread,
+    text: &str,
+    request_id: &str,
+    no_progress: Duration,
+    written: &mut dyn FnMut(),
+) -> (String, Option<String>) {
+    let refused = |d: String| ("refused".to_owned(), Some(d));
+    let hello = json!({
+        "clientInfo": {"name": "handoffs", "title": "handoffs", "version": env!("CARGO_PKG_VERSION")},
+        "capabilities": {"experimentalApi": true},
+    });
+    let version = match rpc.call("initialize", hello).await {
+        Ok(r) => r
+            .get("userAgent")
+            .and_then(Value::as_str)
+            .and_then(|ua| ua.split_whitespace().next())
+            .and_then(|first| first.rsplit('/').next())
+            .unwrap_or("unknown")
+            .to_owned(),
+        Err(e) => return refused(format!("codex app-server did not start: {e}")),
+    };
+    let _ = rpc.send(&json!({"method": "initialized"})).await;
+    if let Err(e) = rpc
+        .call(
+            "thread/resume",
+            json!({"threadId": thread.id, "excludeTurns": true}),
+        )
+        .await
+    {
+        // Nothing was written: the thread is held elsewhere, or is not there.
+        return refused(if e.contains("active writer") {
+            format!(
+                "thread {} is open in another Codex process ({e})",
+                thread.id
+            )
+        } else {
+            format!("codex could not resume thread {}: {e}", thread.id)
+        });
+    }
+    let input = json!([{"type": "text", "text": text}]);
+    let queued = if crate::planted("turn_start_codex") {
+        // The planted naive adapter: a bare turn/start, folded into whatever turn runs.
+        rpc.call(
+            "turn/start",
+            json!({"threadId": thread.id, "input": input, "clientUserMessageId": request_id}),
+        )
+        .await
+    } else {
+        rpc.call(
+            "thread/queue/add",
+            json!({"threadId": thread.id, "input": input, "clientUserMessageId": request_id}),
+        )
+        .await
+    };
+    let queued_id = match queued {
+        Ok(r) => r["queuedSubmission"]["id"].as_str().map(str::to_owned),
+        Err(e) => return refused(format!("codex did not queue the message: {e}")),
+    };
+    written();
+    let mut turn: Option<String> = None;
+    let mut nudged = false;
+    let started = tokio::time::Instant::now();
+    let mut last_progress = started;
+    loop {
+        let wait = if turn.is_none() && !nudged {
+            Duration::from_secs(3)
+        } else {
+            no_progress.saturating_sub(last_progress.elapsed())
+        };
+        let msg = match tokio::time::timeout(wait, rpc.next()).await {
+            Ok(Some(m)) => m,
+            Ok(None) => {
+                return (
+                    "interrupted".to_owned(),
+                    Some("the app-server exited during the turn".to_owned()),
+                );
+            }
+            Err(_) if turn.is_none() && !nudged => {
+                // After an interrupted turn Codex pauses its queue: start our item.
+                nudged = true;
+                if let Some(q) = &queued_id {
+                    let _ = rpc
+                        .call(
+                            "thread/queue/start",
+                            json!({"threadId": thread.id, "queuedSubmissionId": q}),
+                        )
+                        .await;
+                }
+                last_progress = tokio::time::Instant::now();
+                continue;
+            }
+            Err(_) => {
+                let secs = no_progress.as_secs();
+                if let Some(t) = &turn {
+                    let _ = rpc
+                        .call(
+                            "turn/interrupt",
+                            json!({"threadId": thread.id, "turnId": t}),
+                        )
+                        .await;
+                    return (
+                        "errored".to_owned(),
+                        Some(format!("no progress in {secs}s; the turn was interrupted")),
+                    );
+                }
+                // Never started: take it out of the queue, so it cannot run later.
+                if let Some(q) = &queued_id
+                    && rpc
+                        .call(
+                            "thread/queue/delete",
+                            json!({"threadId": thread.id, "queuedSubmissionId": q}),
+                        )
+                        .await
+                        .is_ok()
+                {
+                    return refused(format!("the queued message did not start in {secs}s"));
+                }
+                return (
+                    "errored".to_owned(),
+                    Some(format!("the message did not start in {secs}s")),
+                );
+            }
+        };
+        let method = msg.get("method").and_then(Value::as_str).unwrap_or("");
+        if msg.get("id").is_some() && !method.is_empty() {
+            rpc.decline(&msg).await;
+            continue;
+        }
+        let params = msg.get("params").cloned().unwrap_or(Value::Null);
+        let turn_id = params
+            .get("turnId")
+            .and_then(Value::as_str)
+            .or_else(|| params["turn"]["id"].as_str())
+            .map(str::to_owned);
+        match method {
+            "item/started" | "item/completed"
+                if params["item"]["type"] == "userMessage"
+                    && params["item"]["clientId"] == request_id =>
+            {
+                turn = turn_id;
+                last_progress = tokio::time::Instant::now();
+            }
+            "turn/completed" if turn.is_some() && turn_id == turn => {
+                let status = params["turn"]["status"].as_str().unwrap_or("");
+                let error = params["turn"]["error"]["message"]
+                    .as_str()
+                    .map(str::to_owned);
+                let id = turn.clone().unwrap_or_default();
+                return match status {
+                    "completed" => (
+                        "returned".to_owned(),
+                        Some(format!("codex {version}: turn {id} completed")),
+                    ),
+                    "interrupted" => (
+                        "interrupted".to_owned(),
+                        Some(format!("codex {version}: turn {id} was interrupted")),
+                    ),
+                    _ => (
+                        "errored".to_owned(),
+                        Some(format!(
+                            "codex {version}: turn {id} failed: {}",
+                            error.unwrap_or_else(|| status.to_owned())
+                        )),
+                    ),
+                };
+            }
+            _ if turn.is_some() && turn_id == turn && method != "error" => {
+                last_progress = tokio::time::Instant::now();
+            }
+            _ => {}
+        }
+    }
+}
+
+// ----- the rollout ----------------------------------------------------------------------------
+
+/// What the rollout says of a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Found {
+    Absent,
+    /// Its turn completed.
+    Completed,
+    /// Its turn was interrupted.
+    Aborted,
+    /// Its turn has not ended (yet, or ever).
+    Open,
+}
+
+/// Searches a thread's rollout for the user message whose `client_id` is `request_id`.
+pub fn find(home: &Path, thread: &str, request_id: &str) -> Result<Found, String> {
+    let Some(path) = doctor::find_rollout(&home.join("sessions"), thread) else {
+        return Ok(Found::Absent);
+    };
+    let file =
+        std::fs::File::open(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut turn: Option<String> = None;
+    for line in std::io::BufReader::new(file).lines() {
+        let line = line.map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let Ok(v) = serde_json::from_str::<Value>(&line) else {
+            continue;
+        };
+        if v["type"] != "event_msg" {
+            continue;
+        }
+        let p = &v["payload"];
+        match (p["type"].as_str(), &turn) {
+            (Some("item_completed"), None) if p["item"]["client_id"] == request_id => {
+                turn = p["turn_id"].as_str().map(str::to_owned);
+            }
+            (Some("task_complete"), Some(t)) if p["turn_id"].as_str() == Some(t) => {
+                return Ok(Found::Completed);
+            }
+            (Some("turn_aborted"), Some(t)) if p["turn_id"].as_str().is_none_or(|x| x == t) => {
+                return Ok(Found::Aborted);
+            }
+            _ => {}
+        }
+    }
+    Ok(if turn.is_some() {
+        Found::Open
+    } else {
+        Found::Absent
+    })
+}
+
+fn rollout_find(thread: &Thread, request_id: &str) -> Result<Found, String> {
+    let home = home(thread.home.as_deref()).ok_or("no Codex home")?;
+    find(&home, &thread.id, request_id)
+}
+
+fn gone_outcome(thread: &Thread, run: &RunRow) -> (String, String) {
+    match rollout_find(thread, &run.request_id) {
+        Ok(Found::Completed) => (
+            "returned".to_owned(),
+            "its supervisor was gone; the rollout shows the turn completed".to_owned(),
+        ),
+        _ => (
+            "interrupted".to_owned(),
+            "its supervisor was gone and the rollout shows no completed turn".to_owned(),
+        ),
+    }
+}
+
+fn observed_of_found(found: &Found, turn: TurnId) -> Observed {
+    match found {
+        Found::Absent => Observed::NotFound,
+        Found::Completed => Observed::Returned { turn },
+        Found::Aborted | Found::Open => Observed::Failed {
+            turn,
+            failure: TurnFailure::Interrupted,
+            turn_open: false,
+        },
+    }
+}
+
+// ----- the four questions ---------------------------------------------------------------------
+
+pub fn activity(service: &RefCell<Service>, agent: &AgentRow) -> Activity {
+    let thread = thread_of(agent);
+    let mut service = service.borrow_mut();
+    let db = service.store.path().to_owned();
+    let now = millis(service.now());
+    let open = match service.store.read(|tx| tx.open_runs_for(&agent.id)) {
+        Ok(runs) => runs,
+        Err(e) => {
+            return Activity::Unknown {
+                detail: e.to_string(),
+            };
+        }
+    };
+    for run in open {
+        if command::still_running_or(&mut service.store, &db, &run, now, |r| {
+            gone_outcome(&thread, r)
+        }) {
+            return Activity::Busy {
+                turn: Some(TurnId::new(&run.request_id)),
+                detail: None,
+            };
+        }
+    }
+    if thread.id.is_empty() {
+        return Activity::Unknown {
+            detail: "no thread id: register the Codex thread with --endpoint".to_owned(),
+        };
+    }
+    if crate::planted("turn_start_codex") {
+        return Activity::Idle;
+    }
+    let Some(home) = home(thread.home.as_deref()) else {
+        return Activity::Unknown {
+            detail: "no Codex home: set home, or CODEX_HOME".to_owned(),
+        };
+    };
+    match lock_holders(&writer_lock(&home, &thread.id)).first() {
+        Some(pid) => Activity::Busy {
+            turn: None,
+            detail: Some(format!(
+                "thread {} is open in another Codex process (pid {pid} holds its writer lock)",
+                thread.id
+            )),
+        },
+        None => Activity::Idle,
+    }
+}
+
+pub async fn start(service: &RefCell<Service>, w: &Write<'_>) -> WriteOutcome {
+    if w.agent.endpoint.is_empty() {
+        return WriteOutcome::Refused {
+            detail: "no thread id: register the Codex thread with --endpoint".to_owned(),
+        };
+    }
+    let thread = thread_of(w.agent);
+    let mut extra = vec!["--codex-thread".to_owned(), thread.id.clone()];
+    if let Some(home) = &thread.home {
+        extra.push("--codex-home".to_owned());
+        extra.push(home.to_string_lossy().into_owned());
+    }
+    let binary = setting(w.agent, "binary").unwrap_or("codex").to_owned();
+    let argv = vec![binary, "app-server".to_owned()];
+    command::start_supervised(service, w, argv, &extra).await
+}
+
+pub fn observe(service: &RefCell<Service>, agent: &AgentRow, request_id: &str) -> Observed {
+    let thread = thread_of(agent);
+    let mut service = service.borrow_mut();
+    let db = service.store.path().to_owned();
+    let now = millis(service.now());
+    match service.store.read(|tx| tx.run(request_id)) {
+        Ok(Some(run)) => {
+            if run.outcome.is_some() {
+                return command::observed_of(&run, false);
+            }
+            if command::still_running_or(&mut service.store, &db, &run, now, |r| {
+                gone_outcome(&thread, r)
+            }) {
+                return command::observed_of(&run, true);
+            }
+            match service.store.read(|tx| tx.run(request_id)) {
+                Ok(Some(fresh)) => command::observed_of(&fresh, false),
+                Ok(None) => Observed::NotFound,
+                Err(e) => Observed::Unreachable {
+                    detail: e.to_string(),
+                },
+            }
+        }
+        Ok(None) if command::run_may_start(&db, request_id) => Observed::Unreachable {
+            detail: "the run's supervisor is starting".to_owned(),
+        },
+        Ok(None) => match rollout_find(&thread, request_id) {
+            Ok(found) => observed_of_found(&found, TurnId::new(request_id)),
+            Err(detail) => Observed::Unreachable { detail },
+        },
+        Err(e) => Observed::Unreachable {
+            detail: e.to_string(),
+        },
+    }
+}
+
+pub fn scan(service: &RefCell<Service>, agent: &AgentRow, request_id: &str) -> ScanResult {
+    let refused_or_none = {
+        let mut s = service.borrow_mut();
+        match s.store.read(|tx| tx.run(request_id)) {
+            Ok(Some(run)) => run.outcome.as_deref() == Some("refused"),
+            Ok(None) => true,
+            Err(_) => return ScanResult::NothingFound { complete: false },
+        }
+    };
+    if !refused_or_none {
+        return match observe(service, agent, request_id) {
+            Observed::Unreachable { .. } => ScanResult::NothingFound { complete: false },
+            observed => ScanResult::Found { observed },
+        };
+    }
+    let db = service.borrow().store.path().to_owned();
+    if command::run_may_start(&db, request_id) {
+        return ScanResult::NothingFound { complete: false };
+    }
+    match rollout_find(&thread_of(agent), request_id) {
+        Ok(Found::Absent) => ScanResult::NothingFound { complete: true },
+        Ok(found) => ScanResult::Found {
+            observed: observed_of_found(&found, TurnId::new(request_id)),
+        },
+        Err(_) => ScanResult::NothingFound { complete: false },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rollout_tells_a_completed_turn_from_an_aborted_and_an_open_one() {
+        let d = tempfile::tempdir().unwrap();
+        let day = d.path().join("sessions/2026/12/02");
+        std::fs::create_dir_all(&day).unwrap();
+        let lines = [
+            json!({"type":"event_msg","payload":{"type":"item_completed","turn_id":"T1","item":{"type":"UserMessage","client_id":"r1"}}}),
+            json!({"type":"event_msg","payload":{"type":"task_complete","turn_id":"T1"}}),
+            json!({"type":"event_msg","payload":{"type":"item_completed","turn_id":"T2","item":{"type":"UserMessage","client_id":"r2"}}}),
+            json!({"type":"event_msg","payload":{"type":"turn_aborted","turn_id":"T2","reason":"interrupted"}}),
+            json!({"type":"event_msg","payload":{"type":"item_completed","turn_id":"T3","item":{"type":"UserMessage","client_id":"r3"}}}),
+        ];
+        let text: Vec<String> = lines.iter().map(Value::to_string).collect();
+        std::fs::write(
+            day.join("rollout-2026-12-02T01-00-00-TH.jsonl"),
+            text.join("\n"),
+        )
+        .unwrap();
+        assert_eq!(find(d.path(), "TH", "r1").unwrap(), Found::Completed);
+        assert_eq!(find(d.path(), "TH", "r2").unwrap(), Found::Aborted);
+        assert_eq!(find(d.path(), "TH", "r3").unwrap(), Found::Open);
+        assert_eq!(find(d.path(), "TH", "r4").unwrap(), Found::Absent);
+        assert_eq!(find(d.path(), "other", "r1").unwrap(), Found::Absent);
+    }
+
+    #[test]
+    fn a_lock_nobody_holds_has_no_holder() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("t.lock");
+        let f = std::fs::File::create(&p).unwrap();
+        assert!(lock_holders(&p).is_empty());
+        f.lock().unwrap();
+        assert_eq!(
+            lock_holders(&p),
+            vec![i32::try_from(std::process::id()).unwrap()]
+        );
+        f.unlock().unwrap();
+        assert!(lock_holders(&p).is_empty());
+        assert!(lock_holders(&d.path().join("none.lock")).is_empty());
+    }
+}
