@@ -346,7 +346,7 @@ fn a_handoff_becomes_one_turn_in_the_session() {
 #[test]
 fn a_handoff_during_the_persons_turn_waits_and_is_its_own_turn() {
     let Some(c) = Claude::new() else { return };
-    c.mock.set(&json!({"delay": 6}));
+    c.mock.set(&json!({"delay": 12}));
     let person = c.person_turn("the person's slow question");
     // The person's process is live (its registry entry is there) before the handoff is sent.
     let start = Instant::now();
@@ -408,7 +408,7 @@ fn a_handoff_during_the_persons_turn_waits_and_is_its_own_turn() {
 #[test]
 fn two_handoffs_in_a_row_are_two_turns_one_after_the_other() {
     let Some(c) = Claude::new() else { return };
-    c.mock.set(&json!({"delay": 3}));
+    c.mock.set(&json!({"delay": 8}));
     let _engine = c.engine();
     let first = c.send("first handoff", None);
     c.wait_state(&first, &["RUNNING", "ACCEPTED"], Duration::from_secs(30));
@@ -511,7 +511,7 @@ fn a_turn_killed_mid_way_is_resent_once_after_the_wait() {
 #[test]
 fn a_lost_report_is_found_in_the_transcript_and_nothing_is_resent() {
     let Some(c) = Claude::new() else { return };
-    c.mock.set(&json!({"delay": 4}));
+    c.mock.set(&json!({"delay": 10}));
     let _engine = c.engine();
     let id = c.send("a reply nobody reports", Some("lost report"));
     c.wait_state(&id, &["RUNNING", "ACCEPTED"], Duration::from_secs(30));

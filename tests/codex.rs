@@ -406,7 +406,7 @@ fn a_handoff_becomes_one_turn_in_the_thread() {
 fn a_second_handoff_during_a_slow_turn_is_its_own_turn() {
     let Some(c) = Codex::new(None) else { return };
     let _engine = c.engine();
-    let first = c.send("[delay=5] a slow first handoff", None);
+    let first = c.send("[delay=10] a slow first handoff", None);
     c.wait_state(&first, &["RUNNING", "ACCEPTED"], Duration::from_secs(60));
     let second = c.send("a second handoff", None);
     c.wait_state(&first, &["RETURNED"], Duration::from_secs(90));
@@ -440,7 +440,7 @@ fn a_thread_held_by_another_codex_waits_with_that_reason() {
     let start = Instant::now();
     let mut reason = String::new();
     let mut held = false;
-    while start.elapsed() < Duration::from_secs(8) {
+    while start.elapsed() < Duration::from_secs(30) {
         reason = c.w.ok(&["status", &id]);
         held = c.state(&id) == "BUSY" && reason.contains("open in another Codex process");
         if held {
@@ -484,4 +484,45 @@ fn a_model_that_never_answers_is_interrupted_at_the_timeout_and_resent_within_bo
         );
         assert_eq!(c.find(r), Found::Aborted, "{r}");
     }
+}
+
+/// A turn killed mid-way (its app-server dies) is interrupted; after the wait one resend goes
+/// out, with a new request id, and its turn completes.
+#[test]
+fn a_turn_killed_mid_way_is_resent_once_after_the_wait() {
+    let Some(c) = Codex::new(None) else { return };
+    c.mock.set(&json!({"delay": 60}));
+    let _engine = c.engine();
+    let id = c.send("a turn that will be killed", Some("killed work"));
+    c.wait_state(&id, &["RUNNING", "ACCEPTED"], Duration::from_secs(60));
+    let (first, run) = c.runs(&id)[0].clone();
+    let pid = run.unwrap().pid.expect("the run's pid (the app-server)");
+    // The turn is under way: its user message is in the rollout.
+    let start = Instant::now();
+    while c.turn_of(&first).is_none() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the turn never began"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    c.mock.set(&json!({"delay": 0}));
+    nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap()),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    c.wait_state(&id, &["RETURNED"], Duration::from_secs(90));
+    let runs = c.runs(&id);
+    assert_eq!(runs.len(), 2, "one resend: {runs:?}");
+    assert_eq!(
+        runs[0].1.as_ref().unwrap().outcome.as_deref(),
+        Some("interrupted")
+    );
+    assert_eq!(
+        runs[1].1.as_ref().unwrap().outcome.as_deref(),
+        Some("returned")
+    );
+    assert_eq!(c.find(&runs[1].0), Found::Completed);
+    assert_ne!(c.turn_of(&runs[0].0), c.turn_of(&runs[1].0));
 }

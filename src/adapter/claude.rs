@@ -120,14 +120,20 @@ impl Holder {
     }
 }
 
-/// Whether `pid` is alive and, when `proc_start` is given, is still the process that wrote
-/// the entry (field 22 of `/proc/<pid>/stat`; a reused pid has another).
+/// Whether `pid` is alive (`kill(pid, 0)`) and, when `proc_start` is given and `/proc` can
+/// tell, is still the process that wrote the entry (field 22 of `/proc/<pid>/stat`; a reused
+/// pid has another). Where `/proc` cannot tell, a live pid counts as the holder.
 fn alive(pid: i32, proc_start: Option<&str>) -> bool {
+    use nix::errno::Errno;
     if pid <= 0 {
         return false;
     }
+    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) {
+        Ok(()) | Err(Errno::EPERM) => {}
+        Err(_) => return false,
+    }
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
+        return true;
     };
     // The command name (field 2) may hold spaces and parentheses: count after the last ')'.
     let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
@@ -136,13 +142,14 @@ fn alive(pid: i32, proc_start: Option<&str>) -> bool {
     if fields.first().is_some_and(|s| *s == "Z" || *s == "X") {
         return false;
     }
-    match proc_start {
-        Some(start) => fields.get(19).is_some_and(|f| *f == start),
-        None => true,
+    match (proc_start, fields.get(19)) {
+        (Some(start), Some(f)) => *f == start,
+        _ => true,
     }
 }
 
-/// The live processes the registry names for `session`.
+/// The live processes the registry names for `session`. A registry that cannot be read, or
+/// an entry that stays unreadable, is an error: the session may be held, nobody can tell.
 pub fn live_holders(config: &Path, session: &str) -> Result<Vec<Holder>, String> {
     let dir = config.join("sessions");
     let entries = match std::fs::read_dir(&dir) {
@@ -156,12 +163,20 @@ pub fn live_holders(config: &Path, session: &str) -> Result<Vec<Holder>, String>
         if path.extension().and_then(|e| e.to_str()) != Some("json") {
             continue;
         }
-        // A file being rewritten may be half there: skip it, the next look sees it whole.
-        let Ok(text) = std::fs::read_to_string(&path) else {
-            continue;
+        // A file being rewritten may be half there: read it again once before giving up.
+        let read = || {
+            std::fs::read_to_string(&path)
+                .ok()
+                .and_then(|t| serde_json::from_str::<Value>(&t).ok())
         };
-        let Ok(v) = serde_json::from_str::<Value>(&text) else {
-            continue;
+        let v = match read().or_else(|| {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            read()
+        }) {
+            Some(v) => v,
+            // Gone meanwhile: its process ended.
+            None if !path.exists() => continue,
+            None => return Err(format!("cannot read the session entry {}", path.display())),
         };
         if v.get("sessionId").and_then(Value::as_str) != Some(session) {
             continue;
@@ -188,13 +203,28 @@ pub fn live_holders(config: &Path, session: &str) -> Result<Vec<Holder>, String>
     Ok(out)
 }
 
-/// The folder of session locks, shared by every database of this user.
-fn locks_dir() -> PathBuf {
+/// The folder of session locks, shared by every database of this user: private to the user,
+/// and refused when someone else owns it or others may write it.
+fn locks_dir() -> Result<PathBuf, String> {
+    use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
     let uid = nix::unistd::getuid();
-    std::env::temp_dir().join(format!("handoffs-{uid}"))
+    let dir = std::env::temp_dir().join(format!("handoffs-{uid}"));
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(format!("cannot create {}: {e}", dir.display())),
+    }
+    let meta = std::fs::symlink_metadata(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if !meta.is_dir() || meta.uid() != uid.as_raw() || meta.mode() & 0o077 != 0 {
+        return Err(format!(
+            "{} is not a private folder of this user: session locks are not taken there",
+            dir.display()
+        ));
+    }
+    Ok(dir)
 }
 
-fn session_lock_path(session: &str) -> PathBuf {
+fn session_lock_path(session: &str) -> Result<PathBuf, String> {
     let safe: String = session
         .chars()
         .map(|c| {
@@ -205,45 +235,26 @@ fn session_lock_path(session: &str) -> PathBuf {
             }
         })
         .collect();
-    locks_dir().join(format!("claude-{safe}.lock"))
+    Ok(locks_dir()?.join(format!("claude-{safe}.lock")))
 }
 
 fn open_session_lock(session: &str) -> Result<File, String> {
-    let dir = locks_dir();
-    if !dir.exists() {
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
-        }
-    }
-    let path = session_lock_path(session);
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let path = session_lock_path(session)?;
     let mut opts = std::fs::OpenOptions::new();
-    opts.write(true).create(true).truncate(false);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        opts.mode(0o600);
-    }
+    opts.write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW);
     opts.open(&path)
         .map_err(|e| format!("cannot open {}: {e}", path.display()))
 }
 
-/// Whether one of our writes holds the session's lock right now.
+/// Whether one of our writes holds the session's lock right now (read from `/proc/locks`,
+/// never by taking the lock, so a write starting at this moment is not turned away).
 fn session_locked(session: &str) -> bool {
-    let Ok(file) = open_session_lock(session) else {
-        return false;
-    };
-    match file.try_lock() {
-        Ok(()) => {
-            let _ = file.unlock();
-            false
-        }
-        Err(std::fs::TryLockError::WouldBlock) => true,
-        Err(std::fs::TryLockError::Error(_)) => false,
-    }
+    session_lock_path(session).is_ok_and(|p| !super::codex::lock_holders(&p).is_empty())
 }
 
 /// Takes the session for one turn, at the moment of writing: its lock, and no live process of
@@ -279,7 +290,9 @@ pub fn claim(_db: &Path, session: &Session) -> Result<File, String> {
 /// Pipes for the turn, and the configuration folder the agent was registered with.
 pub fn prepare_command(cmd: &mut tokio::process::Command, session: &Session) {
     cmd.stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped());
+        .stdout(std::process::Stdio::piped())
+        // The prompt is in the transcript before the model is asked (history scans rely on it).
+        .env("CLAUDE_CODE_EAGER_FLUSH", "1");
     if let Some(dir) = &session.config_dir {
         cmd.env("CLAUDE_CONFIG_DIR", dir);
     }
@@ -425,23 +438,31 @@ pub fn outcome(
             ),
         };
     }
-    if let Some(sig) = turn.signal {
-        return (
-            None,
-            "interrupted".to_owned(),
-            Some(format!("claude was killed by signal {sig}")),
-        );
-    }
-    if turn.code == Some(0) && turn.result.is_none() && !turn.started {
-        // It read nothing it could use and ran no turn.
+    if !turn.started {
+        // It ended before the turn began (a bad flag, a broken configuration, not logged
+        // in): nothing was written; what it said is in the run's log.
+        let how = match (turn.signal, turn.code) {
+            (Some(sig), _) => format!("was killed by signal {sig}"),
+            (None, Some(c)) => format!("exited with {c}"),
+            (None, None) => "ended".to_owned(),
+        };
         return (
             code,
             "refused".to_owned(),
-            Some(
-                turn.error
-                    .clone()
-                    .unwrap_or_else(|| "claude ran no turn".to_owned()),
-            ),
+            Some(turn.error.clone().unwrap_or_else(|| {
+                format!("claude {how} before the turn began (its output is in the run's log)")
+            })),
+        );
+    }
+    // Killed (SIGKILL), or ended by a signal it handled (143 after SIGTERM): interrupted.
+    if let Some(sig) = turn
+        .signal
+        .or_else(|| turn.code.filter(|c| *c > 128).map(|c| c - 128))
+    {
+        return (
+            code,
+            "interrupted".to_owned(),
+            Some(format!("claude was stopped by signal {sig}")),
         );
     }
     (
@@ -497,13 +518,15 @@ pub fn find(path: &Path, request_id: &str) -> Result<Found, String> {
     };
     let mut below: std::collections::HashSet<String> = std::collections::HashSet::new();
     let mut found = false;
-    for line in std::io::BufReader::new(file).lines() {
+    // By bytes: one line that is not UTF-8 is skipped, not the end of the search.
+    let needle = request_id.as_bytes();
+    for line in std::io::BufReader::new(file).split(b'\n') {
         let line = line.map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         // Cheap first: most lines are not about our request.
-        if !found && !line.contains(request_id) {
+        if !found && !line.windows(needle.len().max(1)).any(|w| w == needle) {
             continue;
         }
-        let Ok(v) = serde_json::from_str::<Value>(&line) else {
+        let Ok(v) = serde_json::from_slice::<Value>(&line) else {
             continue;
         };
         let kind = v.get("type").and_then(Value::as_str).unwrap_or("");
@@ -541,6 +564,17 @@ pub fn find(path: &Path, request_id: &str) -> Result<Found, String> {
                 if v["message"]["model"].as_str() == Some("<synthetic>") {
                     continue;
                 }
+                // A tool call is the middle of the turn, not its answer: the turn goes on
+                // below it (the tool's result, the next assistant entry).
+                let calls_a_tool = v["message"]["stop_reason"] == "tool_use"
+                    || v["message"]["content"].as_array().is_some_and(|a| {
+                        a.iter()
+                            .any(|b| b.get("type").and_then(Value::as_str) == Some("tool_use"))
+                    });
+                if calls_a_tool {
+                    below.insert(uuid.to_owned());
+                    continue;
+                }
                 return Ok(Found::Reply);
             }
             // A prompt below ours is not part of our turn.
@@ -562,7 +596,15 @@ fn is_tool_result(v: &Value) -> bool {
 
 /// What the transcript says of a run whose supervisor and process are both gone.
 fn gone_outcome(session: &Session, cwd: &str, run: &RunRow) -> (String, String) {
-    match transcript_of(session, cwd).map(|p| find(&p, &run.request_id)) {
+    let found = transcript_of(session, cwd).map(|p| find(&p, &run.request_id));
+    if run.pid.is_none() && matches!(found, Some(Ok(Found::Absent))) {
+        // Gone before the turn began, and the prompt is not in the transcript.
+        return (
+            "refused".to_owned(),
+            "its supervisor was gone before the turn began; nothing was written".to_owned(),
+        );
+    }
+    match found {
         Some(Ok(Found::Reply)) => (
             "returned".to_owned(),
             "its supervisor was gone; the reply is in the transcript".to_owned(),
@@ -685,6 +727,12 @@ pub fn observe(service: &RefCell<Service>, agent: &AgentRow, request_id: &str) -
             if run.outcome.is_some() {
                 return command::observed_of(&run, false);
             }
+            if run.pid.is_none() && command::supervisor_alive(&db, request_id) {
+                // Its supervisor has not written yet (the receipt comes with the write).
+                return Observed::Unreachable {
+                    detail: "the write is starting".to_owned(),
+                };
+            }
             let live = command::still_running_or(&mut service.store, &db, &run, now, |r| {
                 gone_outcome(&session, &agent.cwd, r)
             });
@@ -794,6 +842,28 @@ mod tests {
             Found::ApiError("API Error: 500".to_owned())
         );
         assert_eq!(find(&p, "req-3").unwrap(), Found::NoReply);
+    }
+
+    #[test]
+    fn a_turn_cut_after_a_tool_call_has_no_reply_yet() {
+        let d = tempfile::tempdir().unwrap();
+        let p = write(
+            d.path(),
+            &[
+                json!({"type":"user","uuid":"req-1","parentUuid":null,"message":{"content":"hi"}}),
+                json!({"type":"assistant","uuid":"t","parentUuid":"req-1","message":{"model":"m","stop_reason":"tool_use","content":[{"type":"text","text":"let me look"},{"type":"tool_use","id":"tu","name":"Read","input":{}}]}}),
+                json!({"type":"user","uuid":"tr","parentUuid":"t","message":{"content":[{"type":"tool_result","tool_use_id":"tu","content":"x"}]}}),
+            ],
+        );
+        assert_eq!(find(&p, "req-1").unwrap(), Found::NoReply);
+        let mut text = std::fs::read_to_string(&p).unwrap();
+        text.push_str(
+            &(json!({"type":"assistant","uuid":"a","parentUuid":"tr","message":{"model":"m","stop_reason":"end_turn","content":[{"type":"text","text":"done"}]}})
+                .to_string()
+                + "\n"),
+        );
+        std::fs::write(&p, text).unwrap();
+        assert_eq!(find(&p, "req-1").unwrap(), Found::Reply);
     }
 
     #[test]

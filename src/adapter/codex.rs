@@ -74,16 +74,22 @@ pub fn check_settings(settings: &Value) -> Result<(), String> {
 
 // ----- who holds a thread ---------------------------------------------------------------------
 
-/// The processes holding an OS lock on `path` (flock or POSIX), from `/proc/locks`.
-fn lock_holders(path: &Path) -> Vec<i32> {
+/// The processes holding an OS lock on `path` (flock or POSIX), from `/proc/locks`; none
+/// when the file does not exist. `Err` when nobody can tell (no `/proc/locks`).
+pub(crate) fn lock_holders_checked(path: &Path) -> Result<Vec<i32>, String> {
     use std::os::unix::fs::MetadataExt as _;
-    let Ok(meta) = std::fs::metadata(path) else {
-        return Vec::new();
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
     };
-    let inode = meta.ino().to_string();
-    let Ok(locks) = std::fs::read_to_string("/proc/locks") else {
-        return Vec::new();
-    };
+    // /proc/locks names a file "MAJOR:MINOR:INODE", the device numbers in hex.
+    let dev = meta.dev();
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    let id = format!("{major:02x}:{minor:02x}:{}", meta.ino());
+    let locks = std::fs::read_to_string("/proc/locks")
+        .map_err(|e| format!("cannot read /proc/locks: {e}"))?;
     let mut pids = Vec::new();
     for line in locks.lines() {
         // "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF" (a "->" marks a waiter).
@@ -91,17 +97,22 @@ fn lock_holders(path: &Path) -> Vec<i32> {
         if fields.get(1) == Some(&"->") {
             continue;
         }
-        let Some(pid) = fields.get(4).and_then(|p| p.parse::<i32>().ok()) else {
+        let (Some(pid), Some(file)) = (
+            fields.get(4).and_then(|p| p.parse::<i32>().ok()),
+            fields.get(5),
+        ) else {
             continue;
         };
-        let Some(dev_ino) = fields.get(5) else {
-            continue;
-        };
-        if dev_ino.rsplit(':').next() == Some(inode.as_str()) {
+        if *file == id {
             pids.push(pid);
         }
     }
-    pids
+    Ok(pids)
+}
+
+/// [`lock_holders_checked`], where not knowing counts as nobody (for a lock of our own).
+pub(crate) fn lock_holders(path: &Path) -> Vec<i32> {
+    lock_holders_checked(path).unwrap_or_default()
 }
 
 fn writer_lock(home: &Path, thread: &str) -> PathBuf {
@@ -119,6 +130,9 @@ pub fn prepare_command(cmd: &mut tokio::process::Command, thread: &Thread) {
         cmd.env("CODEX_HOME", home);
     }
 }
+
+/// How long one request to the app-server may wait for its answer.
+const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// JSON-RPC lines over the app-server's stdio (no `"jsonrpc"` field, as Codex speaks it).
 struct Rpc {
@@ -156,7 +170,19 @@ impl Rpc {
         }
     }
 
+    /// One request and its answer, within [`CALL_TIMEOUT`]: an app-server that stops
+    /// answering never holds a write (and its recipient) for longer.
     async fn call(&mut self, method: &str, params: Value) -> Result<Value, String> {
+        match tokio::time::timeout(CALL_TIMEOUT, self.call_unbounded(method, params)).await {
+            Ok(answer) => answer,
+            Err(_) => Err(format!(
+                "the app-server did not answer {method} in {}s",
+                CALL_TIMEOUT.as_secs()
+            )),
+        }
+    }
+
+    async fn call_unbounded(&mut self, method: &str, params: Value) -> Result<Value, String> {
         self.next_id += 1;
         let id = self.next_id;
         self.send(&json!({"id": id, "method": method, "params": params}))
@@ -333,13 +359,22 @@ async fn talk(
             }
             Err(_) => {
                 let secs = no_progress.as_secs();
-                if let Some(t) = &turn {
+                if let Some(t) = turn.clone() {
                     let _ = rpc
                         .call(
                             "turn/interrupt",
                             json!({"threadId": thread.id, "turnId": t}),
                         )
                         .await;
+                    // Let Codex end the turn (and write it down) before the app-server goes.
+                    let ended = async {
+                        while let Some(m) = rpc.next().await {
+                            if m["method"] == "turn/completed" && m["params"]["turn"]["id"] == *t {
+                                break;
+                            }
+                        }
+                    };
+                    let _ = tokio::time::timeout(Duration::from_secs(10), ended).await;
                     return (
                         "errored".to_owned(),
                         Some(format!("no progress in {secs}s; the turn was interrupted")),
@@ -355,7 +390,14 @@ async fn talk(
                         .await
                         .is_ok()
                 {
-                    return refused(format!("the queued message did not start in {secs}s"));
+                    // Nothing ran, but the engine has its receipt: an errored write (a
+                    // bounded resend), never a refusal after a receipt.
+                    return (
+                        "errored".to_owned(),
+                        Some(format!(
+                            "the queued message did not start in {secs}s and was taken out of the queue"
+                        )),
+                    );
                 }
                 return (
                     "errored".to_owned(),
@@ -436,9 +478,10 @@ pub fn find(home: &Path, thread: &str, request_id: &str) -> Result<Found, String
     let file =
         std::fs::File::open(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let mut turn: Option<String> = None;
-    for line in std::io::BufReader::new(file).lines() {
+    // By bytes: one line that is not UTF-8 is skipped, not the end of the search.
+    for line in std::io::BufReader::new(file).split(b'\n') {
         let line = line.map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        let Ok(v) = serde_json::from_str::<Value>(&line) else {
+        let Ok(v) = serde_json::from_slice::<Value>(&line) else {
             continue;
         };
         if v["type"] != "event_msg" {
@@ -533,15 +576,18 @@ pub fn activity(service: &RefCell<Service>, agent: &AgentRow) -> Activity {
             detail: "no Codex home: set home, or CODEX_HOME".to_owned(),
         };
     };
-    match lock_holders(&writer_lock(&home, &thread.id)).first() {
-        Some(pid) => Activity::Busy {
-            turn: None,
-            detail: Some(format!(
-                "thread {} is open in another Codex process (pid {pid} holds its writer lock)",
-                thread.id
-            )),
+    match lock_holders_checked(&writer_lock(&home, &thread.id)) {
+        Ok(pids) => match pids.first() {
+            Some(pid) => Activity::Busy {
+                turn: None,
+                detail: Some(format!(
+                    "thread {} is open in another Codex process (pid {pid} holds its writer lock)",
+                    thread.id
+                )),
+            },
+            None => Activity::Idle,
         },
-        None => Activity::Idle,
+        Err(detail) => Activity::Unknown { detail },
     }
 }
 
@@ -571,6 +617,12 @@ pub fn observe(service: &RefCell<Service>, agent: &AgentRow, request_id: &str) -
         Ok(Some(run)) => {
             if run.outcome.is_some() {
                 return command::observed_of(&run, false);
+            }
+            if run.pid.is_none() && command::supervisor_alive(&db, request_id) {
+                // Its supervisor has not written yet (the receipt comes with the write).
+                return Observed::Unreachable {
+                    detail: "the write is starting".to_owned(),
+                };
             }
             if command::still_running_or(&mut service.store, &db, &run, now, |r| {
                 gone_outcome(&thread, r)

@@ -509,7 +509,12 @@ pub(crate) async fn start_supervised(
                 detail: "the supervisor did not report the start in time".to_owned(),
             };
         }
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        // Quick at first (a command starts in milliseconds), then gently (Claude and Codex
+        // take a second or two, and need the CPU more than this loop does).
+        let pause = u64::try_from(waited.as_millis() / 50)
+            .unwrap_or(20)
+            .clamp(1, 20);
+        tokio::time::sleep(Duration::from_millis(pause)).await;
     }
 }
 
@@ -784,8 +789,12 @@ pub async fn supervise(s: Supervise) -> i32 {
     {
         if s.claude.is_none() && s.codex.is_none() {
             cmd.stdout(f);
+            cmd.stderr(g);
+        } else if let Ok(a) = std::fs::OpenOptions::new().append(true).open(&log) {
+            // The supervisor appends the program's stdout lines itself: its stderr appends
+            // too, so neither overwrites the other.
+            cmd.stderr(a);
         }
-        cmd.stderr(g);
     }
     let mut child = match cmd.spawn() {
         Ok(c) => c,

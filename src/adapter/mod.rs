@@ -147,3 +147,31 @@ pub fn check_settings(provider: Provider, settings: &Value) -> Result<(), String
         Provider::Codex => codex::check_settings(settings),
     }
 }
+
+/// Checks an agent's endpoint when it is registered: a Claude session or Codex thread id goes
+/// into a program's arguments and a file name, so it is an id and nothing else (never an
+/// option, never a path).
+pub fn check_endpoint(provider: Provider, endpoint: &str) -> Result<(), String> {
+    match provider {
+        Provider::Codex | Provider::ClaudeCode => {
+            let ok = !endpoint.is_empty()
+                && !endpoint.starts_with('-')
+                && endpoint
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+            if ok {
+                Ok(())
+            } else {
+                Err(format!(
+                    "--endpoint {endpoint:?} is not a {} id (letters, digits, '-' and '_', not starting with '-')",
+                    if provider == Provider::Codex {
+                        "Codex thread"
+                    } else {
+                        "Claude session"
+                    }
+                ))
+            }
+        }
+        _ => Ok(()),
+    }
+}

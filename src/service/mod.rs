@@ -439,6 +439,9 @@ impl Service {
                 }
             }
             crate::adapter::check_settings(provider, &merged).map_err(ServiceError::Usage)?;
+            if let Some(e) = endpoint {
+                crate::adapter::check_endpoint(provider, e).map_err(ServiceError::Usage)?;
+            }
             let row = AgentRow {
                 id: id.to_owned(),
                 name: name
