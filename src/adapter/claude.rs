@@ -666,6 +666,14 @@ pub fn activity(service: &RefCell<Service>, agent: &AgentRow) -> Activity {
             detail: "no session id: register the Claude session with --endpoint".to_owned(),
         };
     }
+    if agent.cwd.is_empty() || !Path::new(&agent.cwd).is_dir() {
+        return Activity::Unknown {
+            detail: format!(
+                "the session's folder {:?} is not there (a session resumes only in its own folder)",
+                agent.cwd
+            ),
+        };
+    }
     if session_locked(&session.id) {
         return Activity::Busy {
             turn: None,

@@ -344,7 +344,18 @@ async fn talk(
                 );
             }
             Err(_) if turn.is_none() && !nudged => {
-                // After an interrupted turn Codex pauses its queue: start our item.
+                // After an interrupted turn Codex pauses its queue: start our item, but only
+                // on an idle thread (a turn still running ends first, then the queue moves).
+                let idle = rpc
+                    .call("thread/read", json!({"threadId": thread.id}))
+                    .await
+                    .is_ok_and(|r| r["thread"]["status"]["type"] == "idle");
+                if !idle {
+                    if started.elapsed() > no_progress {
+                        nudged = true;
+                    }
+                    continue;
+                }
                 nudged = true;
                 if let Some(q) = &queued_id {
                     let _ = rpc

@@ -162,13 +162,37 @@ fn claude_code(agent: &AgentRow, f: &mut Findings) {
 
 /// Claude Code keeps a session's transcript under its folder's real path with every
 /// character that is not a letter or a digit replaced by `-`.
+/// A name longer than 200 characters keeps its first 200 and gains `-` and a base-36 hash of
+/// the whole path (Java's string hash over UTF-16 units, as Claude Code computes it).
 pub fn transcript_path(config: &Path, cwd: &Path, session: &str) -> PathBuf {
     let real = std::fs::canonicalize(cwd).unwrap_or_else(|_| cwd.to_owned());
-    let folder: String = real
-        .to_string_lossy()
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+    let path = real.to_string_lossy();
+    // Per UTF-16 unit, as JavaScript's replace sees the string.
+    let mut folder: String = path
+        .encode_utf16()
+        .map(|u| {
+            char::from_u32(u32::from(u))
+                .filter(char::is_ascii_alphanumeric)
+                .unwrap_or('-')
+        })
         .collect();
+    if folder.len() > 200 {
+        let hash = path.encode_utf16().fold(0_i32, |h, u| {
+            h.wrapping_shl(5).wrapping_sub(h).wrapping_add(i32::from(u))
+        });
+        let mut n = hash.unsigned_abs();
+        let mut digits = Vec::new();
+        loop {
+            digits.push(char::from_digit(n % 36, 36).unwrap_or('0'));
+            n /= 36;
+            if n == 0 {
+                break;
+            }
+        }
+        folder.truncate(200);
+        folder.push('-');
+        folder.extend(digits.iter().rev());
+    }
     config
         .join("projects")
         .join(folder)
@@ -293,5 +317,14 @@ mod tests {
     fn a_claude_transcript_lives_under_its_mangled_folder() {
         let p = transcript_path(Path::new("/c"), Path::new("/no/such/my_project.v2"), "abc");
         assert_eq!(p, Path::new("/c/projects/-no-such-my-project-v2/abc.jsonl"));
+    }
+
+    #[test]
+    fn a_long_folder_is_cut_at_200_and_named_by_its_hash() {
+        // The expected name is what Claude Code's rule gives (computed independently).
+        let folder = format!("/tmp/{}/{}/é日本", "a".repeat(120), "b b.c".repeat(20));
+        let p = transcript_path(Path::new("/c"), Path::new(&folder), "s");
+        let expected = format!("-tmp-{}-{}b-b--ruc0yf", "a".repeat(120), "b-b-c".repeat(14));
+        assert_eq!(p, Path::new("/c/projects").join(expected).join("s.jsonl"));
     }
 }
