@@ -131,6 +131,10 @@ pub fn prepare_command(cmd: &mut tokio::process::Command, thread: &Thread) {
     }
 }
 
+/// Marks an error the app-server answered (it read the request and said no), as opposed to
+/// one where it is not known what became of the request.
+const ANSWERED: &str = "codex answered: ";
+
 /// How long one request to the app-server may wait for its answer.
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -194,11 +198,12 @@ impl Rpc {
                 .ok_or_else(|| format!("the app-server exited before answering {method}"))?;
             if msg.get("id").and_then(Value::as_i64) == Some(id) && msg.get("method").is_none() {
                 if let Some(e) = msg.get("error") {
-                    return Err(e
-                        .get("message")
-                        .and_then(Value::as_str)
-                        .unwrap_or("an error")
-                        .to_owned());
+                    return Err(format!(
+                        "{ANSWERED}{}",
+                        e.get("message")
+                            .and_then(Value::as_str)
+                            .unwrap_or("an error")
+                    ));
                 }
                 return Ok(msg.get("result").cloned().unwrap_or(Value::Null));
             }
@@ -232,10 +237,11 @@ pub async fn converse(
     text: &str,
     request_id: &str,
     log: &Path,
-    no_progress: Duration,
     written: &mut dyn FnMut(),
+    fresh: &Fresh<'_>,
 ) -> (String, Option<String>) {
     use tokio::io::AsyncBufReadExt as _;
+    let no_progress = fresh.no_progress;
     let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
         return (
             "refused".to_owned(),
@@ -249,8 +255,117 @@ pub async fn converse(
         log: std::fs::OpenOptions::new().append(true).open(log).ok(),
         pending: std::collections::VecDeque::new(),
     };
-    let result = talk(&mut rpc, thread, text, request_id, no_progress, written).await;
+    let (outcome, detail) = talk(&mut rpc, thread, text, request_id, no_progress, written).await;
     // Closing stdin ends the app-server, which frees the thread's writer lock.
+    rpc.stdin = None;
+    if tokio::time::timeout(Duration::from_secs(5), child.wait())
+        .await
+        .is_err()
+    {
+        if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
+            command::kill_group(pid);
+        }
+        let _ = child.wait().await;
+    }
+    if outcome != MAYBE_QUEUED {
+        return (outcome, detail);
+    }
+    // The message may wait in Codex's queue (which keeps it on disk and would run it later,
+    // beside any resend): take it out through a fresh app-server before saying anything.
+    let detail = detail.unwrap_or_default();
+    match take_out_of_queue(fresh, thread, request_id).await {
+        Ok(()) => (
+            "errored".to_owned(),
+            Some(format!(
+                "{detail}; the message was taken out of the queue unstarted"
+            )),
+        ),
+        Err(e) => (
+            "errored".to_owned(),
+            Some(format!(
+                "{detail}; it may still wait in Codex's queue ({e})"
+            )),
+        ),
+    }
+}
+
+/// An outcome `talk` leaves to `converse`: the message may be in the thread's queue.
+const MAYBE_QUEUED: &str = "maybe-queued";
+
+/// How the app-server was started (its program, arguments and folder: another like it can
+/// be), and how long a turn may go without progress.
+#[derive(Debug)]
+pub struct Fresh<'a> {
+    pub argv: &'a [String],
+    pub cwd: &'a str,
+    pub no_progress: Duration,
+}
+
+/// Deletes every queued item of the thread that carries `request_id`, through a new
+/// app-server; `Err` when that could not be done (the thread held elsewhere, say).
+async fn take_out_of_queue(
+    fresh: &Fresh<'_>,
+    thread: &Thread,
+    request_id: &str,
+) -> Result<(), String> {
+    use tokio::io::AsyncBufReadExt as _;
+    let (program, args) = fresh.argv.split_first().ok_or("no program")?;
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
+        .kill_on_drop(true);
+    if let Some(home) = &thread.home {
+        cmd.env("CODEX_HOME", home);
+    }
+    if !fresh.cwd.is_empty() {
+        cmd.current_dir(fresh.cwd);
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start {program}: {e}"))?;
+    let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+        return Err("no pipes".to_owned());
+    };
+    let mut rpc = Rpc {
+        stdin: Some(stdin),
+        lines: tokio::io::BufReader::new(stdout).lines(),
+        next_id: 0,
+        log: None,
+        pending: std::collections::VecDeque::new(),
+    };
+    let result = async {
+        rpc.call(
+            "initialize",
+            json!({"clientInfo": {"name": "handoffs", "version": env!("CARGO_PKG_VERSION")},
+                   "capabilities": {"experimentalApi": true}}),
+        )
+        .await?;
+        rpc.send(&json!({"method": "initialized"})).await?;
+        rpc.call(
+            "thread/resume",
+            json!({"threadId": thread.id, "excludeTurns": true}),
+        )
+        .await?;
+        let listed = rpc
+            .call("thread/queue/list", json!({"threadId": thread.id}))
+            .await?;
+        for item in listed["data"].as_array().into_iter().flatten() {
+            if item["clientUserMessageId"] == request_id
+                && let Some(id) = item["id"].as_str()
+            {
+                rpc.call(
+                    "thread/queue/delete",
+                    json!({"threadId": thread.id, "queuedSubmissionId": id}),
+                )
+                .await?;
+            }
+        }
+        Ok::<(), String>(())
+    }
+    .await;
     rpc.stdin = None;
     if tokio::time::timeout(Duration::from_secs(5), child.wait())
         .await
@@ -322,7 +437,11 @@ async fn talk(
     };
     let queued_id = match queued {
         Ok(r) => r["queuedSubmission"]["id"].as_str().map(str::to_owned),
-        Err(e) => return refused(format!("codex did not queue the message: {e}")),
+        Err(e) if e.starts_with(ANSWERED) => {
+            return refused(format!("codex did not queue the message: {e}"));
+        }
+        // Sent, and no answer: it may be in the queue.
+        Err(e) => return (MAYBE_QUEUED.to_owned(), Some(e)),
     };
     written();
     let mut turn: Option<String> = None;
@@ -337,6 +456,12 @@ async fn talk(
         };
         let msg = match tokio::time::timeout(wait, rpc.next()).await {
             Ok(Some(m)) => m,
+            Ok(None) if turn.is_none() => {
+                return (
+                    MAYBE_QUEUED.to_owned(),
+                    Some("the app-server exited before the message's turn began".to_owned()),
+                );
+            }
             Ok(None) => {
                 return (
                     "interrupted".to_owned(),

@@ -831,8 +831,12 @@ pub async fn supervise(s: Supervise) -> i32 {
                 &text,
                 &s.request_id,
                 &log,
-                timeout,
                 &mut record_pid,
+                &super::codex::Fresh {
+                    argv: &argv,
+                    cwd: &s.cwd,
+                    no_progress: timeout,
+                },
             )
             .await;
             (None, outcome, detail)

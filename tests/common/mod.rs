@@ -285,6 +285,50 @@ impl World {
                 .collect();
             let _ = writeln!(out, "run files: {names:?}");
         }
+        // Where each live engine is, thread by thread: a stuck engine says why here.
+        if let Ok(pgrep) = Command::new("pgrep").args(["-f", "handoffs run"]).output() {
+            for pid in String::from_utf8_lossy(&pgrep.stdout).split_whitespace() {
+                let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+                    .map(|d| d.flatten().map(|e| e.path()).collect::<Vec<_>>())
+                    .unwrap_or_default();
+                for task in tasks {
+                    let read = |f: &str| {
+                        std::fs::read_to_string(task.join(f))
+                            .unwrap_or_default()
+                            .trim()
+                            .to_owned()
+                    };
+                    let _ = writeln!(
+                        out,
+                        "engine {pid} task {}: wchan {} syscall {} stat {}",
+                        task.display(),
+                        read("wchan"),
+                        read("syscall"),
+                        read("stat")
+                    );
+                }
+                if let Ok(gdb) = Command::new("timeout")
+                    .args([
+                        "20",
+                        "gdb",
+                        "-p",
+                        pid,
+                        "-batch",
+                        "-ex",
+                        "thread apply all bt 30",
+                    ])
+                    .output()
+                {
+                    for line in String::from_utf8_lossy(&gdb.stdout)
+                        .lines()
+                        .filter(|l| l.starts_with('#') || l.starts_with("Thread"))
+                        .take(120)
+                    {
+                        let _ = writeln!(out, "gdb {pid}: {line}");
+                    }
+                }
+            }
+        }
         if let Ok(ps) = Command::new("ps")
             .args(["-eo", "pid,ppid,pgid,stat,etime,args"])
             .output()
