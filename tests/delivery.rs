@@ -88,6 +88,8 @@ fn sigkill_at_many_moments_loses_nothing_and_doubles_nothing() {
         std::thread::sleep(Duration::from_millis(5 + (k * 7919) % 60));
         kill9(&mut engine);
     }
+    // What the killed engines left, for a run that does not settle.
+    let left = w.unsettled_report();
     let mut engine = w.spawn_engine();
     // Settled: delivered, or (a write issued but killed before it went out) proven never
     // delivered by history scans. Nothing pending or in flight remains, with this one engine:
@@ -98,9 +100,15 @@ fn sigkill_at_many_moments_loses_nothing_and_doubles_nothing() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(20);
-    w.wait_for(Duration::from_secs(limit), |c| {
-        settled(c, sent, &["RETURNED", "CANCELLED"])
-    });
+    let settle = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        w.wait_for(Duration::from_secs(limit), |c| {
+            settled(c, sent, &["RETURNED", "CANCELLED"])
+        });
+    }));
+    if let Err(e) = settle {
+        eprintln!("what the killed engines left:\n{left}");
+        std::panic::resume_unwind(e);
+    }
     kill9(&mut engine);
     let counts = w.counts();
     assert_eq!(

@@ -239,18 +239,11 @@ impl World {
         let Ok(mut store) = Store::open(&self.db) else {
             return "(the database cannot be opened)".to_owned();
         };
-        let pending = [
-            Waiting,
-            Busy,
-            Held,
-            Unavailable,
-            OwnerRejected,
-            Sending,
-            Accepted,
-        ];
         let report = store.read(|tx| -> handoffs::store::Result<()> {
-            let mut rows = tx.deliveries_in(&pending, 50)?;
-            rows.extend(tx.deliveries_in(&[Running, Uncertain, Failed], 50)?);
+            // The rows a stall is about first: not merely queued.
+            let mut rows = tx.deliveries_in(&[Busy, Held, Unavailable, OwnerRejected], 50)?;
+            rows.extend(tx.deliveries_in(&[Sending, Accepted, Running, Uncertain, Failed], 50)?);
+            rows.extend(tx.deliveries_in(&[Waiting], 50)?);
             for row in rows.iter().take(12) {
                 let _ = writeln!(
                     out,
@@ -263,9 +256,12 @@ impl World {
                     row.due_at.map(|d| d - now),
                     now - row.updated_at
                 );
-                for e in tx.events_for(&row.message_id)?.iter().rev().take(4) {
+                for e in tx.events_for(&row.message_id)?.iter().rev().take(8) {
                     let _ = writeln!(out, "  {} ms ago {}: {}", now - e.at, e.kind, e.detail);
                 }
+            }
+            if let Some((at, report)) = tx.report()? {
+                let _ = writeln!(out, "engine report {} ms ago: {report}", now - at);
             }
             for agent in tx.agents()? {
                 for run in tx.open_runs_for(&agent.id)? {
