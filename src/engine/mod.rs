@@ -538,6 +538,8 @@ struct Applied {
     record: Delivery,
     effects: Vec<Effect>,
     agent: Option<AgentRow>,
+    /// Whether the step recorded a new record (with when to look at it again).
+    saved: bool,
 }
 
 /// Applies one event to the stored delivery `id` in one transaction: the record as stored
@@ -578,10 +580,9 @@ fn apply(
             due_after(policy, &step.record, agent.as_ref(), now)
         };
         if step.change == Change::Unchanged {
-            // Nothing to record, but look again later rather than at once.
-            if step.effects.is_empty() && row.due_at.is_some_and(|d| d <= millis(now)) {
-                tx.set_due(id, due)?;
-            }
+            // Nothing to record. When to look again is set once the pass is over (see
+            // `deliver`): set here, a crash before the pass's next step would leave the
+            // delivery resting on a reason that may be gone by then.
             return Ok((step.record, step.effects, agent, None));
         }
         tx.save_delivery(id, &step.record, due, millis(now))?;
@@ -611,6 +612,25 @@ fn apply(
         record,
         effects,
         agent,
+        saved: matches!(change, Some(Change::Moved { .. } | Change::Updated)),
+    })
+}
+
+/// The end of a pass that recorded nothing: the delivery is looked at again after its state's
+/// interval rather than at once (one short transaction, and only if it is still due: a
+/// commit meanwhile, a wake, may have made it due at another time).
+fn rest(ctx: &Ctx, svc: &RefCell<Service>, id: &str) -> Result<(), ServiceError> {
+    let mut svc = svc.borrow_mut();
+    let now = svc.now();
+    svc.store.write(|tx| {
+        let Some(row) = tx.delivery(id)? else {
+            return Ok(());
+        };
+        if row.due_at.is_some_and(|d| d <= millis(now)) {
+            let agent = tx.agent(&row.recipient)?;
+            tx.set_due(id, due_after(&ctx.policy, &row.record, agent.as_ref(), now))?;
+        }
+        Ok::<_, ServiceError>(())
     })
 }
 
@@ -628,6 +648,7 @@ async fn deliver(
         .unwrap_or(Value::Null);
     let outage = ctx.guard.check(&ctx.adapters.http, &config).await;
     let first = apply(ctx, svc, id, report, |_| Ok(EventKind::TimePassed))?;
+    let mut saved = first.saved;
     let mut queue: VecDeque<Effect> = first.effects.into();
     let one_shot = ctx.one_shot;
     let started = apply(ctx, svc, id, report, |tx| {
@@ -635,6 +656,7 @@ async fn deliver(
         facts.outage.clone_from(&outage);
         Ok(EventKind::PassStarted(facts))
     })?;
+    saved |= started.saved;
     queue.extend(started.effects);
     let record = started.record;
     // The record as last committed, for the planted reordering below.
@@ -717,9 +739,13 @@ async fn deliver(
                 })?
             }
         };
+        saved |= next.saved;
         queue.extend(next.effects);
         current = next.record;
         registered = next.agent;
+    }
+    if !saved {
+        rest(ctx, svc, id)?;
     }
     Ok(())
 }
