@@ -12,114 +12,15 @@ mod common;
 use common::*;
 use handoffs::store::Store;
 use serde_json::{Value, json};
-use std::io::{Read as _, Write as _};
-use std::path::{Path, PathBuf};
+use std::io::Write as _;
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn claude_binary() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("HANDOFFS_CLAUDE_BIN") {
-        return Some(PathBuf::from(p));
-    }
-    let ci = Path::new(env!("CARGO_MANIFEST_DIR")).join(".ci/node/node_modules/.bin/claude");
-    if ci.exists() {
-        return Some(ci);
-    }
-    std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
-        .map(|d| d.join("claude"))
-        .find(|p| p.is_file())
-}
-
-/// The CLI, or `None` (the case is skipped) outside CI; under `CI=true` a missing CLI fails.
-fn claude_or_skip() -> Option<PathBuf> {
-    let found = claude_binary();
-    if found.is_none() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "the Claude Code CLI is not installed (CI=true): run .ci/run, or set HANDOFFS_CLAUDE_BIN"
-        );
-        eprintln!("skipped: the Claude Code CLI is not installed (set HANDOFFS_CLAUDE_BIN)");
-    }
-    found
-}
-
-/// The mock model: a Python process on a loopback port.
-struct Mock {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Mock {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Mock {
-    fn start(dir: &Path) -> Mock {
-        let port_file = dir.join("mock.port");
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mocks/mock_messages.py");
-        let child = Command::new("python3")
-            .arg(script)
-            .args(["--port", "0", "--port-file"])
-            .arg(&port_file)
-            .arg("--log")
-            .arg(dir.join("mock.jsonl"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("python3 runs the mock model");
-        // Owned at once, so a mock that never says its port is still killed and reaped.
-        let mut mock = Mock { child, port: 0 };
-        let start = Instant::now();
-        loop {
-            if let Ok(text) = std::fs::read_to_string(&port_file)
-                && let Ok(port) = text.trim().parse()
-            {
-                mock.port = port;
-                return mock;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "the mock model did not start"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Value {
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).expect("mock");
-        let body = body.map(Value::to_string).unwrap_or_default();
-        write!(
-            s,
-            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        )
-        .unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).unwrap();
-        let json = out.split("\r\n\r\n").nth(1).unwrap_or("null");
-        serde_json::from_str(json).unwrap_or(Value::Null)
-    }
-
-    /// Changes how the mock answers: `{"mode": "ok|error500|hang", "delay": seconds}`.
-    fn set(&self, config: &Value) {
-        self.call("POST", "/_mock/config", Some(config));
-    }
-
-    /// How many model calls (POST /v1/messages) it has answered.
-    fn message_posts(&self) -> i64 {
-        self.call("GET", "/_mock/requests", None)["message_posts"]
-            .as_i64()
-            .unwrap_or(-1)
-    }
-}
 
 /// A Claude session of its own, registered as agent `cc`, and the world around it.
 struct Claude {
     w: World,
-    mock: Mock,
+    mock: MockModel,
     binary: PathBuf,
     config: PathBuf,
     folder: PathBuf,
@@ -129,9 +30,9 @@ struct Claude {
 
 impl Claude {
     fn new() -> Option<Claude> {
-        let binary = claude_or_skip()?;
+        let binary = cli_or_skip("claude", "HANDOFFS_CLAUDE_BIN")?;
         let w = World::new();
-        let mock = Mock::start(w.dir.path());
+        let mock = MockModel::start("mock_messages.py", w.dir.path());
         let home = w.dir.path().join("home");
         let config = w.dir.path().join("claude-config");
         let folder = w.dir.path().join("my project");
@@ -237,6 +138,13 @@ impl Claude {
         self.w.spawn_engine_env(&self.env)
     }
 
+    /// How many model calls (POST /v1/messages) the mock has answered.
+    fn message_posts(&self) -> i64 {
+        self.mock.call("GET", "/_mock/requests", None)["message_posts"]
+            .as_i64()
+            .unwrap_or(-1)
+    }
+
     fn transcript(&self) -> PathBuf {
         handoffs::adapter::doctor::transcript_path(&self.config, &self.folder, &self.session)
     }
@@ -324,7 +232,7 @@ use handoffs::adapter::claude::Found;
 #[test]
 fn a_handoff_becomes_one_turn_in_the_session() {
     let Some(c) = Claude::new() else { return };
-    let posts = c.mock.message_posts();
+    let posts = c.message_posts();
     let _engine = c.engine();
     let id = c.send("please review the parser", None);
     c.wait_state(&id, &["RETURNED"], Duration::from_secs(60));
@@ -337,7 +245,7 @@ fn a_handoff_becomes_one_turn_in_the_session() {
     let text = prompts[0]["message"]["content"].to_string();
     assert!(text.contains("please review the parser"), "{text}");
     assert_eq!(c.find(request), Found::Reply);
-    assert_eq!(c.mock.message_posts(), posts + 1, "one model call");
+    assert_eq!(c.message_posts(), posts + 1, "one model call");
 }
 
 /// G3 against the real CLI: a handoff that arrives while the person's own turn runs waits for
@@ -446,7 +354,7 @@ fn a_session_open_in_an_interactive_session_waits_with_that_reason() {
         .to_string(),
     )
     .unwrap();
-    let posts = c.mock.message_posts();
+    let posts = c.message_posts();
     let _engine = c.engine();
     let id = c.send("for the open session", None);
     c.wait_state(&id, &["BUSY"], Duration::from_secs(30));
@@ -457,7 +365,7 @@ fn a_session_open_in_an_interactive_session_waits_with_that_reason() {
         "{status}"
     );
     assert_eq!(c.state(&id), "BUSY");
-    assert_eq!(c.mock.message_posts(), posts, "nothing reached the model");
+    assert_eq!(c.message_posts(), posts, "nothing reached the model");
     // The person closes it (a killed program leaves its entry: the dead pid frees it).
     holder.kill().unwrap();
     holder.wait().unwrap();
@@ -542,7 +450,7 @@ fn a_lost_report_is_found_in_the_transcript_and_nothing_is_resent() {
 fn an_unreachable_model_errors_and_the_resends_are_bounded() {
     let Some(c) = Claude::new() else { return };
     c.mock.set(&json!({"mode": "error500"}));
-    let posts = c.mock.message_posts();
+    let posts = c.message_posts();
     let _engine = c.engine();
     let id = c.send("to a model that is down", Some("down"));
     c.wait_state(&id, &["FAILED"], Duration::from_secs(90));
@@ -558,7 +466,7 @@ fn an_unreachable_model_errors_and_the_resends_are_bounded() {
         );
         assert!(matches!(c.find(r), Found::ApiError(_)), "{r}");
     }
-    assert_eq!(c.mock.message_posts(), posts + 3);
+    assert_eq!(c.message_posts(), posts + 3);
     assert_eq!(c.state(&id), "FAILED");
 }
 

@@ -13,94 +13,12 @@ use common::*;
 use handoffs::adapter::codex::Found;
 use handoffs::store::Store;
 use serde_json::{Value, json};
-use std::io::{BufRead as _, Read as _, Write as _};
+use std::io::{BufRead as _, Write as _};
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{Receiver, channel};
 use std::time::{Duration, Instant};
-
-fn codex_binary() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("HANDOFFS_CODEX_BIN") {
-        return Some(PathBuf::from(p));
-    }
-    let ci = Path::new(env!("CARGO_MANIFEST_DIR")).join(".ci/node/node_modules/.bin/codex");
-    if ci.exists() {
-        return Some(ci);
-    }
-    std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
-        .map(|d| d.join("codex"))
-        .find(|p| p.is_file())
-}
-
-fn codex_or_skip() -> Option<PathBuf> {
-    let found = codex_binary();
-    if found.is_none() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "the Codex CLI is not installed (CI=true): run .ci/run, or set HANDOFFS_CODEX_BIN"
-        );
-        eprintln!("skipped: the Codex CLI is not installed (set HANDOFFS_CODEX_BIN)");
-    }
-    found
-}
-
-struct Mock {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Mock {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Mock {
-    fn start(dir: &Path) -> Mock {
-        let port_file = dir.join("mock.port");
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mocks/mock_responses.py");
-        let child = Command::new("python3")
-            .arg(script)
-            .args(["--port", "0", "--port-file"])
-            .arg(&port_file)
-            .arg("--log")
-            .arg(dir.join("mock.jsonl"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("python3 runs the mock model");
-        let mut mock = Mock { child, port: 0 };
-        let start = Instant::now();
-        loop {
-            if let Ok(text) = std::fs::read_to_string(&port_file)
-                && let Ok(port) = text.trim().parse()
-            {
-                mock.port = port;
-                return mock;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "the mock model did not start"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn set(&self, config: &Value) {
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).expect("mock");
-        let body = config.to_string();
-        write!(
-            s,
-            "POST /_mock/config HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        )
-        .unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).unwrap();
-    }
-}
 
 /// A `codex app-server` driven from the test (the person's own process), in its own process
 /// group so the npm launcher's native child goes with it.
@@ -220,7 +138,7 @@ impl AppServer {
 /// A Codex thread of its own, registered as agent `cx`, and the world around it.
 struct Codex {
     w: World,
-    mock: Mock,
+    mock: MockModel,
     binary: PathBuf,
     home: PathBuf,
     folder: PathBuf,
@@ -230,9 +148,9 @@ struct Codex {
 
 impl Codex {
     fn new(timeout_secs: Option<u64>) -> Option<Codex> {
-        let binary = codex_or_skip()?;
+        let binary = cli_or_skip("codex", "HANDOFFS_CODEX_BIN")?;
         let w = World::new();
-        let mock = Mock::start(w.dir.path());
+        let mock = MockModel::start("mock_responses.py", w.dir.path());
         let home = w.dir.path().join("codex-home");
         let folder = w.dir.path().join("work");
         for d in [&home, &folder] {

@@ -561,3 +561,98 @@ pub fn supervisors(db: &Path) -> Vec<i32> {
     }
     pids
 }
+
+/// A real agent CLI (`claude`, `codex`): `$env_var`, else what `.ci/run` installs in
+/// `.ci/node`, else `PATH`. `None` (the case is skipped, and says so) when it is missing,
+/// except under `CI=true`, where a missing CLI fails the case.
+pub fn cli_or_skip(name: &str, env_var: &str) -> Option<PathBuf> {
+    let found = std::env::var_os(env_var).map(PathBuf::from).or_else(|| {
+        let ci = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join(".ci/node/node_modules/.bin")
+            .join(name);
+        if ci.exists() {
+            return Some(ci);
+        }
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+    });
+    if found.is_none() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "the {name} CLI is not installed (CI=true): run .ci/run, or set {env_var}"
+        );
+        eprintln!("skipped: the {name} CLI is not installed (set {env_var})");
+    }
+    found
+}
+
+/// A loopback mock model (`tests/mocks/<script>`, Python), killed when dropped.
+pub struct MockModel {
+    child: Child,
+    pub port: u16,
+}
+
+impl Drop for MockModel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl MockModel {
+    pub fn start(script: &str, dir: &Path) -> MockModel {
+        let port_file = dir.join("mock.port");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/mocks")
+            .join(script);
+        let child = Command::new("python3")
+            .arg(script)
+            .args(["--port", "0", "--port-file"])
+            .arg(&port_file)
+            .arg("--log")
+            .arg(dir.join("mock.jsonl"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python3 runs the mock model");
+        // Owned at once, so a mock that never says its port is still killed and reaped.
+        let mut mock = MockModel { child, port: 0 };
+        let start = Instant::now();
+        loop {
+            if let Ok(text) = std::fs::read_to_string(&port_file)
+                && let Ok(port) = text.trim().parse()
+            {
+                mock.port = port;
+                return mock;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "the mock model did not start"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// One HTTP exchange with the mock; the answer's JSON body.
+    pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Value {
+        use std::io::{Read as _, Write as _};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).expect("mock");
+        let body = body.map(Value::to_string).unwrap_or_default();
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        let json = out.split("\r\n\r\n").nth(1).unwrap_or("null");
+        serde_json::from_str(json).unwrap_or(Value::Null)
+    }
+
+    /// Changes how the mock answers (`{"mode": …, "delay": seconds}`).
+    pub fn set(&self, config: &Value) {
+        self.call("POST", "/_mock/config", Some(config));
+    }
+}
