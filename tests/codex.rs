@@ -17,17 +17,25 @@ use std::io::{BufRead as _, Write as _};
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{Receiver, channel};
+use std::sync::mpsc::{Receiver, Sender, channel};
 use std::time::{Duration, Instant};
 
 /// A `codex app-server` driven from the test (the person's own process), in its own process
-/// group so the npm launcher's native child goes with it.
+/// group so the npm launcher's native child goes with it; or a client of the Codex daemon's
+/// socket (the person's session there).
 struct AppServer {
-    child: Child,
-    stdin: Option<ChildStdin>,
+    child: Option<Child>,
+    out: Out,
     rx: Receiver<Value>,
     next: i64,
     seen: Vec<Value>,
+}
+
+/// Where requests go.
+enum Out {
+    Pipe(Option<ChildStdin>),
+    /// To the thread that owns the WebSocket.
+    Socket(Option<Sender<Value>>),
 }
 
 impl Drop for AppServer {
@@ -61,9 +69,63 @@ impl AppServer {
             }
         });
         let stdin = child.stdin.take();
+        AppServer::introduced(Some(child), Out::Pipe(stdin), rx)
+    }
+
+    /// A client of the daemon listening on `socket`: WebSocket text frames over the Unix
+    /// socket, read and written by a thread of its own.
+    fn connect(socket: &Path) -> AppServer {
+        use tokio_tungstenite::tungstenite::{self, Message};
+        let stream = std::os::unix::net::UnixStream::connect(socket).expect("the daemon's socket");
+        stream
+            .set_read_timeout(Some(Duration::from_millis(20)))
+            .unwrap();
+        let (mut ws, _) =
+            tungstenite::client::client("ws://localhost/", stream).expect("a WebSocket handshake");
+        let (tx, rx) = channel::<Value>();
+        let (out_tx, out_rx) = channel::<Value>();
+        std::thread::spawn(move || {
+            loop {
+                loop {
+                    match out_rx.try_recv() {
+                        Ok(v) => {
+                            if ws.send(Message::text(v.to_string())).is_err() {
+                                return;
+                            }
+                        }
+                        Err(std::sync::mpsc::TryRecvError::Empty) => break,
+                        Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                            let _ = ws.close(None);
+                            let _ = ws.flush();
+                            return;
+                        }
+                    }
+                }
+                match ws.read() {
+                    Ok(Message::Text(t)) => {
+                        if let Ok(v) = serde_json::from_str::<Value>(t.as_str())
+                            && tx.send(v).is_err()
+                        {
+                            return;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(tungstenite::Error::Io(e))
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                        ) => {}
+                    Err(_) => return,
+                }
+            }
+        });
+        AppServer::introduced(None, Out::Socket(Some(out_tx)), rx)
+    }
+
+    fn introduced(child: Option<Child>, out: Out, rx: Receiver<Value>) -> AppServer {
         let mut a = AppServer {
             child,
-            stdin,
+            out,
             rx,
             next: 0,
             seen: Vec::new(),
@@ -79,9 +141,14 @@ impl AppServer {
     }
 
     fn send(&mut self, v: &Value) {
-        let stdin = self.stdin.as_mut().unwrap();
-        writeln!(stdin, "{v}").unwrap();
-        stdin.flush().unwrap();
+        match &mut self.out {
+            Out::Pipe(stdin) => {
+                let stdin = stdin.as_mut().unwrap();
+                writeln!(stdin, "{v}").unwrap();
+                stdin.flush().unwrap();
+            }
+            Out::Socket(tx) => tx.as_ref().unwrap().send(v.clone()).unwrap(),
+        }
     }
 
     fn call(&mut self, method: &str, params: &Value) -> Result<Value, String> {
@@ -125,13 +192,63 @@ impl AppServer {
     }
 
     fn stop(&mut self) {
-        self.stdin = None;
-        let pid = i32::try_from(self.child.id()).unwrap();
-        let _ = nix::sys::signal::killpg(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-        let _ = self.child.wait();
+        match &mut self.out {
+            Out::Pipe(stdin) => *stdin = None,
+            Out::Socket(tx) => *tx = None,
+        }
+        if let Some(child) = self.child.as_mut() {
+            kill_group_of(child);
+        }
+    }
+}
+
+fn kill_group_of(child: &mut Child) {
+    let pid = i32::try_from(child.id()).unwrap();
+    let _ = nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    let _ = child.wait();
+}
+
+/// A Codex daemon of the test's own: `codex app-server --listen unix://`, the server `codex
+/// app-server daemon start` runs and the interactive `codex` connects to, listening on the
+/// home's control socket.
+struct Daemon {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        kill_group_of(&mut self.child);
+    }
+}
+
+impl Daemon {
+    fn start(c: &Codex) -> Daemon {
+        let child = Command::new(&c.binary)
+            .args(["app-server", "--listen", "unix://"])
+            .current_dir(&c.folder)
+            .envs(c.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .expect("the Codex daemon runs");
+        let socket = handoffs::adapter::codex::daemon::socket_path(&c.home);
+        let d = Daemon { child, socket };
+        let start = Instant::now();
+        while std::os::unix::net::UnixStream::connect(&d.socket).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "the daemon never listened on {}",
+                d.socket.display()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        d
     }
 }
 
@@ -443,4 +560,177 @@ fn a_turn_killed_mid_way_is_resent_once_after_the_wait() {
     );
     assert_eq!(c.find(&runs[1].0), Found::Completed);
     assert_ne!(c.turn_of(&runs[0].0), c.turn_of(&runs[1].0));
+}
+
+/// Waits until the status of the delivery says BUSY with `reason` in it; false after `limit`.
+fn busy_with(c: &Codex, id: &str, reason: &str, limit: Duration) -> (bool, String) {
+    let start = Instant::now();
+    loop {
+        let status = c.w.ok(&["status", id]);
+        if c.state(id) == "BUSY" && status.contains(reason) {
+            return (true, status);
+        }
+        if start.elapsed() > limit {
+            return (false, status);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The person's session runs in the Codex daemon (as the interactive `codex` does by
+/// default): the handoff goes through the daemon's socket into that session as one new turn,
+/// which the person's client sees start and complete with the handoff's request id.
+#[test]
+fn a_handoff_reaches_the_persons_session_through_the_codex_daemon() {
+    let Some(c) = Codex::new(None) else { return };
+    let daemon = Daemon::start(&c);
+    let mut person = AppServer::connect(&daemon.socket);
+    person
+        .call(
+            "thread/resume",
+            &json!({"threadId": c.thread, "excludeTurns": true}),
+        )
+        .expect("the person opens the thread in the daemon");
+    let doctor = c.w.run(&["doctor"]);
+    let said = String::from_utf8_lossy(&doctor.stdout);
+    assert!(said.contains("is open in the Codex daemon"), "{said}");
+    let _engine = c.engine();
+    let id = c.send("into the person's open session", None);
+    c.wait_state(&id, &["RETURNED"], Duration::from_secs(90));
+    let runs = c.runs(&id);
+    assert_eq!(runs.len(), 1, "one write: {runs:?}");
+    let (request, run) = (runs[0].0.clone(), runs[0].1.clone().unwrap());
+    assert_eq!(run.outcome.as_deref(), Some("returned"), "{run:?}");
+    assert!(
+        run.detail
+            .as_deref()
+            .unwrap_or("")
+            .contains("through the Codex daemon"),
+        "the write went through the daemon: {run:?}"
+    );
+    // The person's own client saw the handoff arrive as a turn of its own, and end.
+    let started = person.wait_for(
+        |m| {
+            m["method"] == "item/started"
+                && m["params"]["item"]["type"] == "userMessage"
+                && m["params"]["item"]["clientId"] == request.as_str()
+        },
+        Duration::from_secs(30),
+    );
+    let turn = started["params"]["turnId"].as_str().unwrap().to_owned();
+    person.wait_for(
+        |m| m["method"] == "turn/completed" && m["params"]["turn"]["id"] == turn.as_str(),
+        Duration::from_secs(30),
+    );
+    assert_eq!(c.find(&request), Found::Completed);
+    // The daemon still serves the person's thread.
+    let loaded = person.call("thread/loaded/list", &json!({})).unwrap();
+    assert!(
+        loaded["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t == c.thread.as_str()),
+        "{loaded}"
+    );
+}
+
+/// G3 through the daemon: while the person's own turn runs in their session, the handoff
+/// waits BUSY with that reason and nothing is written; after the turn it goes out as a turn
+/// of its own, never folded into the person's.
+#[test]
+fn a_handoff_waits_while_the_persons_codex_turn_runs() {
+    let Some(c) = Codex::new(None) else { return };
+    let daemon = Daemon::start(&c);
+    let mut person = AppServer::connect(&daemon.socket);
+    person
+        .call(
+            "thread/resume",
+            &json!({"threadId": c.thread, "excludeTurns": true}),
+        )
+        .expect("the person opens the thread in the daemon");
+    let started = person
+        .call(
+            "turn/start",
+            &json!({"threadId": c.thread, "input": [{"type": "text", "text": "[delay=12] the person's slow prompt"}]}),
+        )
+        .expect("the person's turn starts");
+    let persons_turn = started["turn"]["id"].as_str().unwrap().to_owned();
+    let _engine = c.engine();
+    let id = c.send("while the person works", None);
+    let (held, status) = busy_with(
+        &c,
+        &id,
+        "a turn is running in the Codex session",
+        Duration::from_secs(8),
+    );
+    let tried = c.runs(&id)[0].1.is_some();
+    assert!(
+        held && !tried,
+        "G3: the handoff was not held back while the person's Codex turn ran: {status}"
+    );
+    person.wait_for(
+        |m| m["method"] == "turn/completed" && m["params"]["turn"]["id"] == persons_turn.as_str(),
+        Duration::from_secs(60),
+    );
+    c.wait_state(&id, &["RETURNED"], Duration::from_secs(90));
+    let runs = c.runs(&id);
+    assert_eq!(runs.len(), 1, "one write: {runs:?}");
+    let ours = c.turn_of(&runs[0].0);
+    assert!(ours.is_some(), "the handoff is in the rollout");
+    assert_ne!(
+        ours.as_deref(),
+        Some(persons_turn.as_str()),
+        "G3: the handoff was folded into the person's running turn"
+    );
+    assert_eq!(c.find(&runs[0].0), Found::Completed);
+}
+
+/// In the daemon a turn outlives the supervisor that wrote it: a supervisor killed mid-turn
+/// leaves the turn running in the person's session, and the engine waits for it to end
+/// (RETURNED from the rollout) instead of calling it interrupted and resending beside it.
+#[test]
+fn a_turn_in_the_daemon_outlives_its_killed_supervisor_and_is_not_resent() {
+    let Some(c) = Codex::new(None) else { return };
+    let daemon = Daemon::start(&c);
+    let mut person = AppServer::connect(&daemon.socket);
+    person
+        .call(
+            "thread/resume",
+            &json!({"threadId": c.thread, "excludeTurns": true}),
+        )
+        .expect("the person opens the thread in the daemon");
+    let _engine = c.engine();
+    let id = c.send("[delay=8] a slow handoff", None);
+    c.wait_state(&id, &["RUNNING", "ACCEPTED"], Duration::from_secs(60));
+    let (request, _) = c.runs(&id)[0].clone();
+    let start = Instant::now();
+    while c.turn_of(&request).is_none() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the turn never began"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let sups = supervisors(&c.w.db);
+    assert_eq!(sups.len(), 1, "one supervisor: {sups:?}");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(sups[0]),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    c.wait_state(
+        &id,
+        &["RETURNED", "FAILED", "CANCELLED"],
+        Duration::from_secs(90),
+    );
+    let runs = c.runs(&id);
+    assert_eq!(
+        runs.len(),
+        1,
+        "G2: a turn still running in the daemon was resent: {runs:?}"
+    );
+    let run = runs[0].1.clone().unwrap();
+    assert_eq!(run.outcome.as_deref(), Some("returned"), "{run:?}");
+    assert_eq!(c.find(&request), Found::Completed);
 }

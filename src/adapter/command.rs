@@ -157,7 +157,7 @@ pub(crate) fn run_may_start(db: &Path, request_id: &str) -> bool {
 
 /// What is left of a run whose supervisor is gone.
 #[derive(Debug, PartialEq, Eq)]
-enum Orphan {
+pub(crate) enum Orphan {
     /// Nothing runs any more.
     Gone,
     /// Its command (or what it started) still runs: the turn is not over.
@@ -166,7 +166,7 @@ enum Orphan {
     KilledAtTimeout,
 }
 
-fn orphan(run: &RunRow, now: i64) -> Orphan {
+pub(crate) fn orphan(run: &RunRow, now: i64) -> Orphan {
     let pids = marked_processes(&run.request_id);
     if pids.is_empty() {
         return Orphan::Gone;
@@ -762,6 +762,36 @@ pub async fn supervise(s: Supervise) -> i32 {
         },
         None => None,
     };
+    // A thread the Codex daemon serves is open in a person's session: the write goes through
+    // the daemon's socket, into that session (our own app-server would only be told that the
+    // thread "already has an active writer").
+    if let Some(t) = &s.codex
+        && let Some(home) = super::codex::home(t.home.as_deref())
+        && let Ok(Some(rpc)) = super::codex::daemon::serving(&home, &t.id).await
+    {
+        let log = runs_dir(&s.db).join(format!("{}.log", s.request_id));
+        let _ = create_private(&log);
+        let text = std::fs::read_to_string(&s.text_file).unwrap_or_default();
+        // The receipt: the supervisor itself, which watches the turn in the daemon.
+        let me = i64::from(std::process::id());
+        let (outcome, detail) = super::codex::converse_daemon(
+            rpc,
+            t,
+            &text,
+            &s.request_id,
+            &log,
+            &mut || {
+                let _ = store.write(|tx| tx.set_run_pid(&s.request_id, me));
+            },
+            Duration::from_secs(s.timeout_secs),
+        )
+        .await;
+        let _ = store
+            .write(|tx| tx.finish_run(&s.request_id, now(), None, &outcome, detail.as_deref()));
+        cleanup(&s, &lock_file, &log);
+        drop(lock);
+        return 0;
+    }
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(args)
         .env("HANDOFFS_TEXT_FILE", &s.text_file)

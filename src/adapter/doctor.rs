@@ -121,6 +121,35 @@ fn codex(agent: &AgentRow, f: &mut Findings) {
                 h.join("sessions").display()
             )),
         }
+        codex_holder(&h, thread, f);
+    }
+}
+
+/// Who has the thread open: the Codex daemon (handoffs go into that session), another Codex
+/// process (they wait until it lets go), or nobody (handoffs start an app-server of their own).
+fn codex_holder(home: &Path, thread: &str, f: &mut Findings) {
+    let Ok(pids) = super::codex::lock_holders_checked(&super::codex::writer_lock(home, thread))
+    else {
+        return;
+    };
+    let Some(pid) = pids.first() else {
+        f.ok(format!(
+            "thread {thread} is not open in any Codex process: handoffs run their own app-server"
+        ));
+        return;
+    };
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let listens = cmdline
+        .split(|b| *b == 0)
+        .any(|a| a.starts_with(b"unix://") || a == b"--managed-daemon");
+    if listens && super::codex::daemon::socket_path(home).exists() {
+        f.ok(format!(
+            "thread {thread} is open in the Codex daemon (pid {pid}): handoffs go into that session, each as a turn of its own"
+        ));
+    } else {
+        f.problem(format!(
+            "thread {thread} is held by Codex process {pid}, which is not the daemon (`codex --no-daemon`, an IDE, or an app-server over stdio): handoffs wait until it lets go"
+        ));
     }
 }
 

@@ -60,7 +60,7 @@ impl Adapters {
             Some(Provider::Command) => command::activity(self, service, agent).await,
             Some(Provider::Demo) => demo::activity(&mut service.borrow_mut(), agent),
             Some(Provider::ClaudeCode) => claude::activity(service, agent),
-            Some(Provider::Codex) => codex::activity(service, agent),
+            Some(Provider::Codex) => codex::activity(service, agent).await,
             None => Activity::Unknown {
                 detail: format!("unknown provider {:?}", agent.provider),
             },
@@ -96,7 +96,7 @@ impl Adapters {
             Some(Provider::Command) => command::observe(self, service, agent, request_id).await,
             Some(Provider::Demo) => demo::observe(&mut service.borrow_mut(), agent, request_id),
             Some(Provider::ClaudeCode) => claude::observe(service, agent, request_id),
-            Some(Provider::Codex) => codex::observe(service, agent, request_id),
+            Some(Provider::Codex) => codex::observe(service, agent, request_id).await,
             _ => Observed::Unreachable {
                 detail: format!("no adapter for provider {:?}", agent.provider),
             },
@@ -114,7 +114,7 @@ impl Adapters {
             Some(Provider::Command) => command::scan(self, service, agent, request_id).await,
             Some(Provider::Demo) => demo::scan(&mut service.borrow_mut(), request_id),
             Some(Provider::ClaudeCode) => claude::scan(service, agent, request_id),
-            Some(Provider::Codex) => codex::scan(service, agent, request_id),
+            Some(Provider::Codex) => codex::scan(service, agent, request_id).await,
             _ => ScanResult::NothingFound { complete: false },
         }
     }

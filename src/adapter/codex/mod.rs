@@ -1,20 +1,26 @@
-//! The codex adapter (SPEC §4): one `codex app-server` per write, over stdio, run under
-//! `handoffs supervise` like an argv command (so its outcome is recorded durably and survives
-//! an engine restart). The supervisor resumes the thread and writes through the thread's queue
-//! (`thread/queue/add`, `clientUserMessageId` = the request id), which starts the message as a
-//! turn of its own; never `turn/start`, which Codex folds into a running turn. The turn whose
-//! user message carries our id ends with `turn/completed` (`completed | failed | interrupted`);
-//! a turn without progress past the agent's timeout is interrupted and counts as errored.
+//! The codex adapter (SPEC §4), run under `handoffs supervise` like an argv command (so its
+//! outcome is recorded durably and survives an engine restart). When the Codex daemon serves
+//! the thread (the session a person has open, see [`daemon`]) the supervisor writes through
+//! the daemon's socket; otherwise it runs one `codex app-server` of its own over stdio. Either
+//! way it resumes the thread and writes through the thread's queue (`thread/queue/add`,
+//! `clientUserMessageId` = the request id), which starts the message as a turn of its own
+//! once any running turn ends; never `turn/start`, which Codex folds into a running turn. The
+//! turn whose user message carries our id ends with `turn/completed` (`completed | failed |
+//! interrupted`); a turn without progress past the agent's timeout is interrupted and counts
+//! as errored.
 //!
-//! A thread held by another process (the person's Codex, an IDE) has its writer lock taken
-//! (`$CODEX_HOME/thread-writer-locks/<thread>.lock`): the recipient is busy, with that reason,
-//! and `thread/resume` would answer "already has an active writer".
+//! Activity: a thread nobody holds is idle (our app-server will hold it); one the daemon
+//! serves is as its `Thread.status` says (`active`: busy); one held by any other process
+//! (`codex --no-daemon`, an IDE: its writer lock `$CODEX_HOME/thread-writer-locks/<thread>.lock`
+//! is taken) is busy with that reason, since `thread/resume` would answer "already has an
+//! active writer".
 //!
 //! History: the rollout file `sessions/YYYY/MM/DD/rollout-…-<thread>.jsonl` records each user
 //! message's `client_id` with its turn, and each turn's end (`task_complete`, `turn_aborted`).
-//!
-//! Not built: writing through the Codex daemon's socket (the person's open session); a thread
-//! the daemon serves shows as held, and the write waits.
+//! In the daemon a turn (or a queued message) outlives the supervisor that wrote it: a run
+//! whose supervisor is gone is over only when the rollout or the daemon says so.
+
+pub mod daemon;
 
 use super::command;
 use super::{Write, doctor};
@@ -115,7 +121,7 @@ pub(crate) fn lock_holders(path: &Path) -> Vec<i32> {
     lock_holders_checked(path).unwrap_or_default()
 }
 
-fn writer_lock(home: &Path, thread: &str) -> PathBuf {
+pub(crate) fn writer_lock(home: &Path, thread: &str) -> PathBuf {
     home.join("thread-writer-locks")
         .join(format!("{thread}.lock"))
 }
@@ -138,32 +144,86 @@ const ANSWERED: &str = "codex answered: ";
 /// How long one request to the app-server may wait for its answer.
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// JSON-RPC lines over the app-server's stdio (no `"jsonrpc"` field, as Codex speaks it).
-struct Rpc {
-    stdin: Option<tokio::process::ChildStdin>,
-    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+/// JSON-RPC to an app-server (no `"jsonrpc"` field, as Codex speaks it): lines over its
+/// stdio, or WebSocket text frames over the daemon's socket.
+pub(crate) struct Rpc {
+    link: Link,
     next_id: i64,
     log: Option<std::fs::File>,
     /// Notifications read while waiting for an answer, not yet handled.
     pending: std::collections::VecDeque<Value>,
+    /// The Codex version, once `initialize` has answered.
+    version: Option<String>,
+}
+
+/// How messages travel to and from the app-server.
+enum Link {
+    /// Our own `codex app-server`: one JSON message a line on its stdin and stdout.
+    Pipe {
+        stdin: Option<tokio::process::ChildStdin>,
+        lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    },
+    /// The Codex daemon's control socket: one JSON message a WebSocket text frame.
+    Socket(Box<daemon::Socket>),
+    Closed,
 }
 
 impl Rpc {
+    fn pipe(
+        stdin: tokio::process::ChildStdin,
+        stdout: tokio::process::ChildStdout,
+        log: Option<std::fs::File>,
+    ) -> Rpc {
+        use tokio::io::AsyncBufReadExt as _;
+        Rpc::new(
+            Link::Pipe {
+                stdin: Some(stdin),
+                lines: tokio::io::BufReader::new(stdout).lines(),
+            },
+            log,
+        )
+    }
+
+    fn new(link: Link, log: Option<std::fs::File>) -> Rpc {
+        Rpc {
+            link,
+            next_id: 0,
+            log,
+            pending: std::collections::VecDeque::new(),
+            version: None,
+        }
+    }
+
+    /// Whether this talks to the daemon (the session a person has open).
+    fn through_daemon(&self) -> bool {
+        matches!(self.link, Link::Socket(_))
+    }
+
     async fn send(&mut self, msg: &Value) -> Result<(), String> {
         use tokio::io::AsyncWriteExt as _;
-        let stdin = self.stdin.as_mut().ok_or("stdin closed")?;
-        let mut bytes = msg.to_string().into_bytes();
-        bytes.push(b'\n');
-        stdin
-            .write_all(&bytes)
-            .await
-            .map_err(|e| format!("the app-server stopped reading: {e}"))
+        match &mut self.link {
+            Link::Pipe { stdin, .. } => {
+                let stdin = stdin.as_mut().ok_or("stdin closed")?;
+                let mut bytes = msg.to_string().into_bytes();
+                bytes.push(b'\n');
+                stdin
+                    .write_all(&bytes)
+                    .await
+                    .map_err(|e| format!("the app-server stopped reading: {e}"))
+            }
+            Link::Socket(ws) => daemon::send(ws, msg).await,
+            Link::Closed => Err("the connection is closed".to_owned()),
+        }
     }
 
     /// The next message from the app-server; `None` when it closed its output.
     async fn read(&mut self) -> Option<Value> {
         loop {
-            let line = self.lines.next_line().await.ok()??;
+            let line = match &mut self.link {
+                Link::Pipe { lines, .. } => lines.next_line().await.ok()??,
+                Link::Socket(ws) => daemon::read(ws).await?,
+                Link::Closed => return None,
+            };
             if let Some(f) = self.log.as_mut() {
                 use std::io::Write as _;
                 let _ = writeln!(f, "{line}");
@@ -172,6 +232,37 @@ impl Rpc {
                 return Some(v);
             }
         }
+    }
+
+    /// Ends the conversation: closing its stdin ends our own app-server (which frees the
+    /// thread's writer lock); the daemon only loses one client.
+    async fn close(&mut self) {
+        if let Link::Socket(ws) = &mut self.link {
+            daemon::close(ws).await;
+        }
+        self.link = Link::Closed;
+    }
+
+    /// `initialize` and `initialized`, once; the Codex version it reports.
+    async fn hello(&mut self) -> Result<String, String> {
+        if let Some(v) = &self.version {
+            return Ok(v.clone());
+        }
+        let hello = json!({
+            "clientInfo": {"name": "handoffs", "title": "handoffs", "version": env!("CARGO_PKG_VERSION")},
+            "capabilities": {"experimentalApi": true},
+        });
+        let r = self.call("initialize", hello).await?;
+        let version = r
+            .get("userAgent")
+            .and_then(Value::as_str)
+            .and_then(|ua| ua.split_whitespace().next())
+            .and_then(|first| first.rsplit('/').next())
+            .unwrap_or("unknown")
+            .to_owned();
+        self.send(&json!({"method": "initialized"})).await?;
+        self.version = Some(version.clone());
+        Ok(version)
     }
 
     /// One request and its answer, within [`CALL_TIMEOUT`]: an app-server that stops
@@ -230,7 +321,8 @@ impl Rpc {
     }
 }
 
-/// What one supervised Codex write came to: `(outcome, detail)`.
+/// What one supervised Codex write came to, through our own app-server (`child`):
+/// `(outcome, detail)`.
 pub async fn converse(
     child: &mut tokio::process::Child,
     thread: &Thread,
@@ -240,24 +332,23 @@ pub async fn converse(
     written: &mut dyn FnMut(),
     fresh: &Fresh<'_>,
 ) -> (String, Option<String>) {
-    use tokio::io::AsyncBufReadExt as _;
-    let no_progress = fresh.no_progress;
     let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
         return (
             "refused".to_owned(),
             Some("no pipes to the app-server".to_owned()),
         );
     };
-    let mut rpc = Rpc {
-        stdin: Some(stdin),
-        lines: tokio::io::BufReader::new(stdout).lines(),
-        next_id: 0,
-        log: std::fs::OpenOptions::new().append(true).open(log).ok(),
-        pending: std::collections::VecDeque::new(),
-    };
-    let (outcome, detail) = talk(&mut rpc, thread, text, request_id, no_progress, written).await;
-    // Closing stdin ends the app-server, which frees the thread's writer lock.
-    rpc.stdin = None;
+    let mut rpc = Rpc::pipe(stdin, stdout, open_log(log));
+    let (outcome, detail) = talk(
+        &mut rpc,
+        thread,
+        text,
+        request_id,
+        fresh.no_progress,
+        written,
+    )
+    .await;
+    rpc.close().await;
     if tokio::time::timeout(Duration::from_secs(5), child.wait())
         .await
         .is_err()
@@ -272,8 +363,62 @@ pub async fn converse(
     }
     // The message may wait in Codex's queue (which keeps it on disk and would run it later,
     // beside any resend): take it out through a fresh app-server before saying anything.
+    let taken_out = match own_app_server(fresh, thread).await {
+        Ok((mut child, mut rpc)) => {
+            let r = remove_queued(&mut rpc, thread, request_id).await;
+            rpc.close().await;
+            stop(&mut child).await;
+            r
+        }
+        Err(e) => Err(e),
+    };
+    maybe_queued_outcome(detail, taken_out)
+}
+
+/// [`converse`] through the Codex daemon, which serves the thread (the session a person has
+/// open): the same write, turn and timeout, and nothing of the daemon's is stopped after it.
+pub(crate) async fn converse_daemon(
+    mut rpc: Rpc,
+    thread: &Thread,
+    text: &str,
+    request_id: &str,
+    log: &Path,
+    written: &mut dyn FnMut(),
+    no_progress: Duration,
+) -> (String, Option<String>) {
+    rpc.log = open_log(log);
+    let (outcome, detail) = talk(&mut rpc, thread, text, request_id, no_progress, written).await;
+    rpc.close().await;
+    if outcome != MAYBE_QUEUED {
+        return (outcome, detail);
+    }
+    let home = home(thread.home.as_deref());
+    let taken_out = match home.as_deref().map(daemon::connect) {
+        Some(connecting) => match connecting.await {
+            Ok(Some(mut rpc)) => {
+                let r = remove_queued(&mut rpc, thread, request_id).await;
+                rpc.close().await;
+                r
+            }
+            Ok(None) => Err("the Codex daemon is gone".to_owned()),
+            Err(e) => Err(e),
+        },
+        None => Err("no Codex home".to_owned()),
+    };
+    maybe_queued_outcome(detail, taken_out)
+}
+
+fn open_log(log: &Path) -> Option<std::fs::File> {
+    std::fs::OpenOptions::new().append(true).open(log).ok()
+}
+
+/// A write that may wait in the thread's queue, once we tried to take it out.
+fn maybe_queued_outcome(
+    detail: Option<String>,
+    taken_out: Result<(), String>,
+) -> (String, Option<String>) {
     let detail = detail.unwrap_or_default();
-    match take_out_of_queue(fresh, thread, request_id).await {
+    match taken_out {
         Ok(()) => (
             "errored".to_owned(),
             Some(format!(
@@ -301,14 +446,11 @@ pub struct Fresh<'a> {
     pub no_progress: Duration,
 }
 
-/// Deletes every queued item of the thread that carries `request_id`, through a new
-/// app-server; `Err` when that could not be done (the thread held elsewhere, say).
-async fn take_out_of_queue(
+/// A new app-server of our own, spoken to and introduced, with the thread resumed.
+async fn own_app_server(
     fresh: &Fresh<'_>,
     thread: &Thread,
-    request_id: &str,
-) -> Result<(), String> {
-    use tokio::io::AsyncBufReadExt as _;
+) -> Result<(tokio::process::Child, Rpc), String> {
     let (program, args) = fresh.argv.split_first().ok_or("no program")?;
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(args)
@@ -327,46 +469,31 @@ async fn take_out_of_queue(
         .spawn()
         .map_err(|e| format!("cannot start {program}: {e}"))?;
     let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+        stop(&mut child).await;
         return Err("no pipes".to_owned());
     };
-    let mut rpc = Rpc {
-        stdin: Some(stdin),
-        lines: tokio::io::BufReader::new(stdout).lines(),
-        next_id: 0,
-        log: None,
-        pending: std::collections::VecDeque::new(),
-    };
-    let result = async {
-        rpc.call(
-            "initialize",
-            json!({"clientInfo": {"name": "handoffs", "version": env!("CARGO_PKG_VERSION")},
-                   "capabilities": {"experimentalApi": true}}),
-        )
-        .await?;
-        rpc.send(&json!({"method": "initialized"})).await?;
+    let mut rpc = Rpc::pipe(stdin, stdout, None);
+    let ready = async {
+        rpc.hello().await?;
         rpc.call(
             "thread/resume",
             json!({"threadId": thread.id, "excludeTurns": true}),
         )
-        .await?;
-        let listed = rpc
-            .call("thread/queue/list", json!({"threadId": thread.id}))
-            .await?;
-        for item in listed["data"].as_array().into_iter().flatten() {
-            if item["clientUserMessageId"] == request_id
-                && let Some(id) = item["id"].as_str()
-            {
-                rpc.call(
-                    "thread/queue/delete",
-                    json!({"threadId": thread.id, "queuedSubmissionId": id}),
-                )
-                .await?;
-            }
-        }
-        Ok::<(), String>(())
+        .await
     }
     .await;
-    rpc.stdin = None;
+    match ready {
+        Ok(_) => Ok((child, rpc)),
+        Err(e) => {
+            rpc.close().await;
+            stop(&mut child).await;
+            Err(e)
+        }
+    }
+}
+
+/// Lets an app-server of ours end (its stdin is closed), or kills its group after 5 s.
+async fn stop(child: &mut tokio::process::Child) {
     if tokio::time::timeout(Duration::from_secs(5), child.wait())
         .await
         .is_err()
@@ -376,7 +503,39 @@ async fn take_out_of_queue(
         }
         let _ = child.wait().await;
     }
-    result
+}
+
+/// Deletes every queued item of the thread that carries `request_id`; `Err` when that could
+/// not be done.
+async fn remove_queued(rpc: &mut Rpc, thread: &Thread, request_id: &str) -> Result<(), String> {
+    rpc.hello().await?;
+    let listed = rpc
+        .call("thread/queue/list", json!({"threadId": thread.id}))
+        .await?;
+    for item in listed["data"].as_array().into_iter().flatten() {
+        if item["clientUserMessageId"] == request_id
+            && let Some(id) = item["id"].as_str()
+        {
+            rpc.call(
+                "thread/queue/delete",
+                json!({"threadId": thread.id, "queuedSubmissionId": id}),
+            )
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether the thread's queue holds an item carrying `request_id`.
+async fn is_queued(rpc: &mut Rpc, thread: &str, request_id: &str) -> Result<bool, String> {
+    let listed = rpc
+        .call("thread/queue/list", json!({"threadId": thread}))
+        .await?;
+    Ok(listed["data"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|item| item["clientUserMessageId"] == request_id))
 }
 
 async fn talk(
@@ -388,21 +547,18 @@ async fn talk(
     written: &mut dyn FnMut(),
 ) -> (String, Option<String>) {
     let refused = |d: String| ("refused".to_owned(), Some(d));
-    let hello = json!({
-        "clientInfo": {"name": "handoffs", "title": "handoffs", "version": env!("CARGO_PKG_VERSION")},
-        "capabilities": {"experimentalApi": true},
-    });
-    let version = match rpc.call("initialize", hello).await {
-        Ok(r) => r
-            .get("userAgent")
-            .and_then(Value::as_str)
-            .and_then(|ua| ua.split_whitespace().next())
-            .and_then(|first| first.rsplit('/').next())
-            .unwrap_or("unknown")
-            .to_owned(),
+    let version = match rpc.hello().await {
+        Ok(v) => v,
+        Err(e) if rpc.through_daemon() => {
+            return refused(format!("the Codex daemon did not answer: {e}"));
+        }
         Err(e) => return refused(format!("codex app-server did not start: {e}")),
     };
-    let _ = rpc.send(&json!({"method": "initialized"})).await;
+    let version = if rpc.through_daemon() {
+        format!("{version} (through the Codex daemon)")
+    } else {
+        version
+    };
     if let Err(e) = rpc
         .call(
             "thread/resume",
@@ -608,8 +764,17 @@ pub enum Found {
 
 /// Searches a thread's rollout for the user message whose `client_id` is `request_id`.
 pub fn find(home: &Path, thread: &str, request_id: &str) -> Result<Found, String> {
+    find_turn(home, thread, request_id).map(|(found, _)| found)
+}
+
+/// [`find`], with the id of the turn the message went into.
+pub fn find_turn(
+    home: &Path,
+    thread: &str,
+    request_id: &str,
+) -> Result<(Found, Option<String>), String> {
     let Some(path) = doctor::find_rollout(&home.join("sessions"), thread) else {
-        return Ok(Found::Absent);
+        return Ok((Found::Absent, None));
     };
     let file =
         std::fs::File::open(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
@@ -629,37 +794,133 @@ pub fn find(home: &Path, thread: &str, request_id: &str) -> Result<Found, String
                 turn = p["turn_id"].as_str().map(str::to_owned);
             }
             (Some("task_complete"), Some(t)) if p["turn_id"].as_str() == Some(t) => {
-                return Ok(Found::Completed);
+                return Ok((Found::Completed, turn));
             }
             (Some("turn_aborted"), Some(t)) if p["turn_id"].as_str().is_none_or(|x| x == t) => {
-                return Ok(Found::Aborted);
+                return Ok((Found::Aborted, turn));
             }
             _ => {}
         }
     }
     Ok(if turn.is_some() {
-        Found::Open
+        (Found::Open, turn)
     } else {
-        Found::Absent
+        (Found::Absent, None)
     })
 }
 
 fn rollout_find(thread: &Thread, request_id: &str) -> Result<Found, String> {
-    let home = home(thread.home.as_deref()).ok_or("no Codex home")?;
-    find(&home, &thread.id, request_id)
+    rollout_find_turn(thread, request_id).map(|(found, _)| found)
 }
 
-fn gone_outcome(thread: &Thread, run: &RunRow) -> (String, String) {
-    match rollout_find(thread, &run.request_id) {
-        Ok(Found::Completed) => (
-            "returned".to_owned(),
-            "its supervisor was gone; the rollout shows the turn completed".to_owned(),
-        ),
-        _ => (
-            "interrupted".to_owned(),
-            "its supervisor was gone and the rollout shows no completed turn".to_owned(),
-        ),
+fn rollout_find_turn(thread: &Thread, request_id: &str) -> Result<(Found, Option<String>), String> {
+    let home = home(thread.home.as_deref()).ok_or("no Codex home")?;
+    find_turn(&home, &thread.id, request_id)
+}
+
+/// Whether an open run is still going: its supervisor lives, its own app-server does, or
+/// its turn runs on (or its message waits) in the Codex daemon, which outlives a supervisor.
+/// A run that is over is recorded.
+async fn still_running(service: &RefCell<Service>, thread: &Thread, run: &RunRow) -> bool {
+    let (db, now) = {
+        let s = service.borrow();
+        (s.store.path().to_owned(), millis(s.now()))
+    };
+    if command::supervisor_alive(&db, &run.request_id) {
+        return true;
     }
+    let (outcome, detail) = match command::orphan(run, now) {
+        command::Orphan::Running => return true,
+        command::Orphan::KilledAtTimeout => (
+            "errored".to_owned(),
+            "killed after its timeout; its supervisor was gone".to_owned(),
+        ),
+        command::Orphan::Gone => match gone_outcome(thread, run, now).await {
+            Some(over) => over,
+            None => return true,
+        },
+    };
+    let _ = service
+        .borrow_mut()
+        .store
+        .write(|tx| tx.finish_run(&run.request_id, now, None, &outcome, Some(&detail)));
+    false
+}
+
+/// What a run whose supervisor and app-server are gone came to, from the rollout, and from
+/// the daemon when it serves the thread (there the turn, or the queued message, lives on):
+/// `None` while it is not over.
+async fn gone_outcome(thread: &Thread, run: &RunRow, now: i64) -> Option<(String, String)> {
+    let interrupted = |why: &str| Some(("interrupted".to_owned(), why.to_owned()));
+    let (found, turn) = match rollout_find_turn(thread, &run.request_id) {
+        Ok(found) => found,
+        Err(_) => (Found::Absent, None),
+    };
+    match found {
+        Found::Completed => {
+            return Some((
+                "returned".to_owned(),
+                "its supervisor was gone; the rollout shows the turn completed".to_owned(),
+            ));
+        }
+        Found::Aborted => {
+            return interrupted("its supervisor was gone; the rollout shows the turn interrupted");
+        }
+        Found::Open | Found::Absent => {}
+    }
+    let gone = "its supervisor was gone and the rollout shows no completed turn";
+    let Some(home) = home(thread.home.as_deref()) else {
+        return interrupted(gone);
+    };
+    let mut rpc = match daemon::serving(&home, &thread.id).await {
+        Ok(Some(rpc)) => rpc,
+        // Not in the daemon: the turn died with our app-server.
+        Ok(None) => return interrupted(gone),
+        // The daemon serves the thread, or not: nobody can tell yet.
+        Err(_) => return None,
+    };
+    let verdict = async {
+        let (status, _) = daemon::status(&mut rpc, &thread.id).await?;
+        if found == Found::Open {
+            if status != "active" {
+                return Ok(interrupted(gone));
+            }
+            // Its turn runs on in the daemon: the agent's timeout still bounds it.
+            if run.ends_at.is_some_and(|end| now > end)
+                && let Some(t) = &turn
+            {
+                rpc.call(
+                    "turn/interrupt",
+                    json!({"threadId": thread.id, "turnId": t}),
+                )
+                .await?;
+                return Ok(Some((
+                    "errored".to_owned(),
+                    "interrupted at its timeout; its supervisor was gone".to_owned(),
+                )));
+            }
+            return Ok(None);
+        }
+        if is_queued(&mut rpc, &thread.id, &run.request_id).await? {
+            // Waiting in the daemon's queue with nobody to watch it: taken out, never run
+            // beside a resend.
+            remove_queued(&mut rpc, thread, &run.request_id).await?;
+            return Ok(Some((
+                "errored".to_owned(),
+                "its supervisor was gone; the message was taken out of the queue unstarted"
+                    .to_owned(),
+            )));
+        }
+        // Not queued: its turn may be starting (the thread is busy), else it never ran.
+        match rollout_find(thread, &run.request_id) {
+            Ok(Found::Absent) if status == "active" => Ok(None),
+            Ok(Found::Absent) => Ok(interrupted(gone)),
+            _ => Ok::<_, String>(None),
+        }
+    }
+    .await;
+    rpc.close().await;
+    verdict.unwrap_or(None)
 }
 
 fn observed_of_found(found: &Found, turn: TurnId) -> Observed {
@@ -676,12 +937,13 @@ fn observed_of_found(found: &Found, turn: TurnId) -> Observed {
 
 // ----- the four questions ---------------------------------------------------------------------
 
-pub fn activity(service: &RefCell<Service>, agent: &AgentRow) -> Activity {
+pub async fn activity(service: &RefCell<Service>, agent: &AgentRow) -> Activity {
     let thread = thread_of(agent);
-    let mut service = service.borrow_mut();
-    let db = service.store.path().to_owned();
-    let now = millis(service.now());
-    let open = match service.store.read(|tx| tx.open_runs_for(&agent.id)) {
+    let open = match service
+        .borrow_mut()
+        .store
+        .read(|tx| tx.open_runs_for(&agent.id))
+    {
         Ok(runs) => runs,
         Err(e) => {
             return Activity::Unknown {
@@ -690,9 +952,7 @@ pub fn activity(service: &RefCell<Service>, agent: &AgentRow) -> Activity {
         }
     };
     for run in open {
-        if command::still_running_or(&mut service.store, &db, &run, now, |r| {
-            gone_outcome(&thread, r)
-        }) {
+        if still_running(service, &thread, &run).await {
             return Activity::Busy {
                 turn: Some(TurnId::new(&run.request_id)),
                 detail: None,
@@ -712,18 +972,63 @@ pub fn activity(service: &RefCell<Service>, agent: &AgentRow) -> Activity {
             detail: "no Codex home: set home, or CODEX_HOME".to_owned(),
         };
     };
-    match lock_holders_checked(&writer_lock(&home, &thread.id)) {
+    let holder = match lock_holders_checked(&writer_lock(&home, &thread.id)) {
         Ok(pids) => match pids.first() {
-            Some(pid) => Activity::Busy {
-                turn: None,
-                detail: Some(format!(
-                    "thread {} is open in another Codex process (pid {pid} holds its writer lock)",
-                    thread.id
-                )),
-            },
-            None => Activity::Idle,
+            Some(pid) => *pid,
+            // Nobody has the thread open: our own app-server will.
+            None => return Activity::Idle,
         },
-        Err(detail) => Activity::Unknown { detail },
+        Err(detail) => return Activity::Unknown { detail },
+    };
+    let held = format!(
+        "thread {} is open in another Codex process (pid {holder} holds its writer lock)",
+        thread.id
+    );
+    // Held: by the daemon (a person's session, which we can write to when it is idle), or by
+    // a process of its own (which nobody else can write to).
+    let mut rpc = match daemon::serving(&home, &thread.id).await {
+        Ok(Some(rpc)) => rpc,
+        Ok(None) => {
+            return Activity::Busy {
+                turn: None,
+                detail: Some(held),
+            };
+        }
+        Err(e) => {
+            return Activity::Busy {
+                turn: None,
+                detail: Some(format!("{held}; {e}")),
+            };
+        }
+    };
+    let status = daemon::status(&mut rpc, &thread.id).await;
+    rpc.close().await;
+    match status {
+        Ok((kind, _)) if kind == "idle" => Activity::Idle,
+        Ok((kind, flags)) if kind == "active" => Activity::Busy {
+            turn: None,
+            detail: Some(if flags.is_empty() {
+                format!(
+                    "a turn is running in the Codex session of thread {}",
+                    thread.id
+                )
+            } else {
+                format!(
+                    "the Codex session of thread {} is waiting ({})",
+                    thread.id,
+                    flags.join(", ")
+                )
+            }),
+        },
+        Ok((kind, _)) => Activity::Unknown {
+            detail: format!("the Codex daemon reports thread {} as {kind}", thread.id),
+        },
+        Err(e) => Activity::Unknown {
+            detail: format!(
+                "the Codex daemon did not say how thread {} is: {e}",
+                thread.id
+            ),
+        },
     }
 }
 
@@ -744,12 +1049,11 @@ pub async fn start(service: &RefCell<Service>, w: &Write<'_>) -> WriteOutcome {
     command::start_supervised(service, w, argv, &extra).await
 }
 
-pub fn observe(service: &RefCell<Service>, agent: &AgentRow, request_id: &str) -> Observed {
+pub async fn observe(service: &RefCell<Service>, agent: &AgentRow, request_id: &str) -> Observed {
     let thread = thread_of(agent);
-    let mut service = service.borrow_mut();
-    let db = service.store.path().to_owned();
-    let now = millis(service.now());
-    match service.store.read(|tx| tx.run(request_id)) {
+    let db = service.borrow().store.path().to_owned();
+    let run = service.borrow_mut().store.read(|tx| tx.run(request_id));
+    match run {
         Ok(Some(run)) => {
             if run.outcome.is_some() {
                 return command::observed_of(&run, false);
@@ -760,12 +1064,11 @@ pub fn observe(service: &RefCell<Service>, agent: &AgentRow, request_id: &str) -
                     detail: "the write is starting".to_owned(),
                 };
             }
-            if command::still_running_or(&mut service.store, &db, &run, now, |r| {
-                gone_outcome(&thread, r)
-            }) {
+            if still_running(service, &thread, &run).await {
                 return command::observed_of(&run, true);
             }
-            match service.store.read(|tx| tx.run(request_id)) {
+            let fresh = service.borrow_mut().store.read(|tx| tx.run(request_id));
+            match fresh {
                 Ok(Some(fresh)) => command::observed_of(&fresh, false),
                 Ok(None) => Observed::NotFound,
                 Err(e) => Observed::Unreachable {
@@ -786,7 +1089,7 @@ pub fn observe(service: &RefCell<Service>, agent: &AgentRow, request_id: &str) -
     }
 }
 
-pub fn scan(service: &RefCell<Service>, agent: &AgentRow, request_id: &str) -> ScanResult {
+pub async fn scan(service: &RefCell<Service>, agent: &AgentRow, request_id: &str) -> ScanResult {
     let refused_or_none = {
         let mut s = service.borrow_mut();
         match s.store.read(|tx| tx.run(request_id)) {
@@ -796,7 +1099,7 @@ pub fn scan(service: &RefCell<Service>, agent: &AgentRow, request_id: &str) -> S
         }
     };
     if !refused_or_none {
-        return match observe(service, agent, request_id) {
+        return match observe(service, agent, request_id).await {
             Observed::Unreachable { .. } => ScanResult::NothingFound { complete: false },
             observed => ScanResult::Found { observed },
         };
