@@ -44,6 +44,19 @@ const TICK: Duration = Duration::from_millis(500);
 /// (no scan can settle one; SPEC leaves it to a person who knows how it ended).
 const PERSON_RELEASES_AFTER: Duration = Duration::from_secs(30 * 60);
 
+/// How the i-th agent host treats a write during a running turn: one in three refuses it
+/// (an app that checks and writes in one step), one folds it into the running turn (Codex's
+/// `turn/start`), one forks the transcript (a second Claude `--resume`). Against the last
+/// two only the engine's own checks keep a write out of a running turn.
+fn host_kind(i: usize) -> sim::agent::HostKind {
+    use sim::agent::HostKind;
+    match i % 3 {
+        0 => HostKind::Refusing,
+        1 => HostKind::Folding,
+        _ => HostKind::Forking,
+    }
+}
+
 /// Runs so far in this process: each gets its own folder.
 static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
@@ -251,7 +264,14 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
         .map(String::as_str)
         .chain([SPARE])
         .enumerate()
-        .map(|(i, n)| AgentState::new(n, seed.wrapping_mul(31).wrapping_add(i as u64), rates))
+        .map(|(i, n)| {
+            AgentState::new(
+                n,
+                seed.wrapping_mul(31).wrapping_add(i as u64),
+                rates,
+                host_kind(i),
+            )
+        })
         .collect();
     for a in &agents {
         a.lock()
@@ -427,6 +447,14 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
     let mut out = String::new();
     let _ = writeln!(out, "handoffs sim --seed {seed}");
     let _ = writeln!(out, "plan: {plan}");
+    let _ = writeln!(
+        out,
+        "hosts: {}",
+        (0..plan.agents)
+            .map(|i| format!("{} {}", agent_name(i), host_kind(i).name()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     if trace_on {
         let mut lines = trace
             .lock()

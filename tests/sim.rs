@@ -125,3 +125,33 @@ fn a_sweep_catches_an_attempt_spent_during_an_outage() {
 fn a_sweep_catches_overdue_work_never_reminded() {
     caught_within("no_reminder", "G7", 20);
 }
+
+/// Sweeps seeds until a run's report says `text` (a violation's own words); at most `bound`.
+#[cfg(feature = "planted-bugs")]
+fn said_within(bug: &str, text: &str, bound: u64) {
+    let policy: Policy = serde_json::from_str(&format!(r#"{{"planted_bug": "{bug}"}}"#)).unwrap();
+    for seed in 1..=bound {
+        let o = simulate::run(seed, false, &policy).unwrap();
+        if let Some(line) = o.text.lines().find(|l| l.contains(text)) {
+            assert!(!o.ok, "{}", o.text);
+            eprintln!("{bug}: seed {seed} says: {}", line.trim());
+            return;
+        }
+    }
+    panic!("no run of {bug} in {bound} seeds said {text:?}");
+}
+
+/// SPEC §9: a Codex-like host folds a start into its running turn, so an engine that writes
+/// into a busy session is caught by what the host did, in G3's own words.
+#[cfg(feature = "planted-bugs")]
+#[test]
+fn a_codex_like_host_shows_a_naive_write_folded_into_a_running_turn() {
+    said_within("send_while_busy", "(Codex-like) folded", 20);
+}
+
+/// SPEC §9: a Claude-like host forks its transcript on a resume beside a running turn.
+#[cfg(feature = "planted-bugs")]
+#[test]
+fn a_claude_like_host_shows_a_naive_resume_forking_its_transcript() {
+    said_within("send_while_busy", "(Claude-like) forked its transcript", 20);
+}

@@ -13,6 +13,29 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// How a host treats a write that arrives while a turn runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostKind {
+    /// Refuses it (409): the app's own check and the write are one step.
+    Refusing,
+    /// Codex-like: a start during a turn is folded into the running turn (answered with that
+    /// turn's id); if that turn is then interrupted, the folded text is lost with it.
+    Folding,
+    /// Claude-like: a resume beside the running turn is taken as a turn of its own on a fork
+    /// of the transcript, and both run.
+    Forking,
+}
+
+impl HostKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            HostKind::Refusing => "refusing",
+            HostKind::Folding => "Codex-like",
+            HostKind::Forking => "Claude-like",
+        }
+    }
+}
+
 /// How a turn ends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Ending {
@@ -44,6 +67,9 @@ pub struct Received {
     pub busy_since: Option<Duration>,
     /// Whether the agent took it (false: refused, or failed).
     pub taken: bool,
+    /// Taken during a running turn: folded into it (Codex-like) or run beside it on a forked
+    /// transcript (Claude-like). A refusing host never takes such a write.
+    pub into_busy: Option<HostKind>,
     /// The HTTP status it answered: 200 taken, 409 refused (busy or not now), 500 failed
     /// before it was taken (the engine cannot tell whether it landed).
     pub status: u16,
@@ -90,17 +116,22 @@ struct Turn {
     began_at: Duration,
     ends_at: Duration,
     ending: Ending,
+    /// Writes a Codex-like host folded into this turn: they end with it.
+    folded: Vec<String>,
 }
 
 /// One agent's session and history.
 #[derive(Debug)]
 pub struct AgentState {
     pub id: String,
+    pub kind: HostKind,
     rng: ChaCha8Rng,
     rates: TurnRates,
     /// Once healed, the agent takes every write and every turn returns.
     healed: bool,
     turn: Option<Turn>,
+    /// Turns a Claude-like host runs beside `turn`, each on its fork of the transcript.
+    forks: Vec<Turn>,
     statuses: BTreeMap<String, Ending>,
     pub received: Vec<Received>,
     /// Each turn of ours that ended: (request id, when it really ended, how).
@@ -126,13 +157,15 @@ pub struct AgentState {
 pub type Agent = Arc<Mutex<AgentState>>;
 
 impl AgentState {
-    pub fn new(id: &str, seed: u64, rates: TurnRates) -> Agent {
+    pub fn new(id: &str, seed: u64, rates: TurnRates, kind: HostKind) -> Agent {
         Arc::new(Mutex::new(AgentState {
             id: id.to_owned(),
+            kind,
             rng: ChaCha8Rng::seed_from_u64(seed),
             rates,
             healed: false,
             turn: None,
+            forks: Vec::new(),
             statuses: BTreeMap::new(),
             received: Vec::new(),
             ended: Vec::new(),
@@ -151,22 +184,42 @@ impl AgentState {
         self.healed = true;
     }
 
-    /// Ends the current turn if its time has come.
+    /// Ends the current turn (and any fork) if its time has come.
     fn advance(&mut self, now: Duration) {
         if let Some(turn) = &self.turn
             && turn.ends_at <= now
         {
-            if let Some(r) = &turn.request_id {
-                self.statuses.insert(r.clone(), turn.ending);
-                self.ended
-                    .push((r.clone(), turn.ends_at, turn.ending.status()));
-            }
+            let turn = turn.clone();
+            self.record_end(&turn);
             self.turn = None;
+        }
+        let (over, running): (Vec<Turn>, Vec<Turn>) =
+            self.forks.drain(..).partition(|t| t.ends_at <= now);
+        self.forks = running;
+        for turn in over {
+            self.record_end(&turn);
+        }
+    }
+
+    fn record_end(&mut self, turn: &Turn) {
+        for r in turn.request_id.iter().chain(&turn.folded) {
+            self.statuses.insert(r.clone(), turn.ending);
+            self.ended
+                .push((r.clone(), turn.ends_at, turn.ending.status()));
         }
     }
 
     fn busy(&self) -> bool {
-        self.turn.is_some()
+        self.turn.is_some() || !self.forks.is_empty()
+    }
+
+    /// When the session's running turn began (the earliest, with forks).
+    fn busy_since(&self) -> Option<Duration> {
+        self.turn
+            .iter()
+            .chain(&self.forks)
+            .map(|t| t.began_at)
+            .min()
     }
 
     /// A person starts a turn of their own if the session is idle.
@@ -181,6 +234,7 @@ impl AgentState {
             began_at: now,
             ends_at: now + len,
             ending: Ending::Returned,
+            folded: Vec::new(),
         });
         self.trace
             .push((now, format!("person starts a turn of {}s", len.as_secs())));
@@ -206,7 +260,7 @@ impl AgentState {
                 if self.busy() {
                     self.busy_answers += 1;
                 }
-                self.last_answer = Some((status, self.turn.as_ref().map(|t| t.began_at)));
+                self.last_answer = Some((status, self.busy_since()));
                 if !self.busy() && self.chance(self.rates.racing_turn) {
                     // A person starts typing right after the engine looked.
                     let len = Duration::from_secs(self.rng.random_range(20..300));
@@ -215,6 +269,7 @@ impl AgentState {
                         began_at: now,
                         ends_at: now + len,
                         ending: Ending::Returned,
+                        folded: Vec::new(),
                     });
                     self.trace.push((
                         now,
@@ -235,7 +290,18 @@ impl AgentState {
                 let id = &path["/status/".len()..];
                 let answer = match (self.statuses.get(id), &self.turn) {
                     (Some(e), _) => (200, json!({ "status": e.status() }).to_string()),
-                    (None, Some(t)) if t.request_id.as_deref() == Some(id) => {
+                    (None, Some(t))
+                        if t.request_id.as_deref() == Some(id)
+                            || t.folded.iter().any(|f| f == id) =>
+                    {
+                        (200, json!({ "status": "running" }).to_string())
+                    }
+                    (None, _)
+                        if self
+                            .forks
+                            .iter()
+                            .any(|t| t.request_id.as_deref() == Some(id)) =>
+                    {
                         (200, json!({ "status": "running" }).to_string())
                     }
                     _ => (404, "{}".to_owned()),
@@ -252,7 +318,7 @@ impl AgentState {
         let body: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
         let request_id = body["request_id"].as_str().unwrap_or_default().to_owned();
         let addressed_to = body["agent"].as_str().unwrap_or_default().to_owned();
-        let busy_since = self.turn.as_ref().map(|t| t.began_at);
+        let busy_since = self.busy_since();
         let while_busy = busy_since.is_some();
         // The last answer counts only while it is still about the same moment: "busy" about
         // the turn still running, or "unknown".
@@ -266,13 +332,15 @@ impl AgentState {
             .reservations
             .as_ref()
             .is_none_or(|check| (check.0)(&request_id));
-        let refused = while_busy || self.chance(self.rates.refusal);
+        let into_busy = (while_busy && self.kind != HostKind::Refusing).then_some(self.kind);
+        let refused = (while_busy && into_busy.is_none()) || self.chance(self.rates.refusal);
         self.received.push(Received {
             request_id: request_id.clone(),
             addressed_to,
             at: now,
             busy_since,
             taken: !refused,
+            into_busy: into_busy.filter(|_| !refused),
             status: if refused { 409 } else { 200 },
             reserved,
             last_answer,
@@ -282,6 +350,7 @@ impl AgentState {
         if !refused && self.chance(self.rates.failed_write) {
             if let Some(last) = self.received.last_mut() {
                 last.taken = false;
+                last.into_busy = None;
                 last.status = 500;
             }
             self.trace.push((
@@ -291,7 +360,11 @@ impl AgentState {
             return (500, json!({ "error": "internal error" }).to_string());
         }
         if refused {
-            let why = if while_busy { "busy" } else { "refused" };
+            let why = if while_busy && into_busy.is_none() {
+                "busy"
+            } else {
+                "refused"
+            };
             self.trace
                 .push((now, format!("write {} {why}", short(&request_id))));
             return (409, json!({ "error": why }).to_string());
@@ -309,12 +382,52 @@ impl AgentState {
         } else {
             Ending::Returned
         };
-        self.turn = Some(Turn {
+        if into_busy == Some(HostKind::Folding)
+            && let Some(turn) = self.turn.as_mut()
+        {
+            // Codex's turn/start during a turn: the text joins the running turn, whose id
+            // comes back as if it were a turn of its own.
+            turn.folded.push(request_id.clone());
+            let running = turn
+                .request_id
+                .clone()
+                .unwrap_or_else(|| "person".to_owned());
+            self.trace.push((
+                now,
+                format!(
+                    "write {} folded into the running turn ({})",
+                    short(&request_id),
+                    short(&running)
+                ),
+            ));
+            return (
+                200,
+                json!({ "turn_id": running, "request_id": request_id }).to_string(),
+            );
+        }
+        let turn = Turn {
             request_id: Some(request_id.clone()),
             began_at: now,
             ends_at: now + Duration::from_secs(secs),
             ending,
-        });
+            folded: Vec::new(),
+        };
+        if into_busy == Some(HostKind::Forking) {
+            // A second resume beside the running turn: the transcript forks, both run.
+            self.forks.push(turn);
+            self.trace.push((
+                now,
+                format!(
+                    "write {} resumed beside the running turn: the transcript forks",
+                    short(&request_id)
+                ),
+            ));
+            return (
+                200,
+                json!({ "turn_id": request_id, "request_id": request_id }).to_string(),
+            );
+        }
+        self.turn = Some(turn);
         self.trace.push((
             now,
             format!(

@@ -6,7 +6,7 @@
 //!
 //! It must never read the engine's memory or the database: the runner hands it rows.
 
-use crate::agent::short;
+use crate::agent::{HostKind, short};
 use model::Policy;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -322,15 +322,25 @@ pub fn g3_never_interrupt(run: &Run) -> Verdict {
             _ => {}
         }
         if let Some(since) = w.write.busy_since {
-            if w.write.taken {
-                v.violations.push(format!(
-                    "{} took {} at {} in a turn that began at {}",
-                    w.host,
-                    short(&w.write.request_id),
-                    hms(w.write.at),
-                    hms(since)
-                ));
-            } else if w.write.at > since + BUSY_RACE {
+            // A turn that began after the engine's last look said idle, moments before the
+            // write landed, is a race no check-then-write can see (the real Codex adapter
+            // writes through the thread's queue for that reason; the Claude one holds the
+            // session's lock); any other write into a running turn is the engine's.
+            let race = w.write.last_answer == Some("idle") && w.write.at <= since + BUSY_RACE;
+            if w.write.taken && !race {
+                let (req, at, began) = (short(&w.write.request_id), hms(w.write.at), hms(since));
+                v.violations.push(match w.write.into_busy {
+                    Some(HostKind::Folding) => format!(
+                        "{} (Codex-like) folded {req} at {at} into the running turn that began at {began}",
+                        w.host
+                    ),
+                    Some(HostKind::Forking) => format!(
+                        "{} (Claude-like) forked its transcript: {req} resumed at {at} beside the turn that began at {began}",
+                        w.host
+                    ),
+                    _ => format!("{} took {req} at {at} in a turn that began at {began}", w.host),
+                });
+            } else if !w.write.taken && w.write.at > since + BUSY_RACE {
                 v.violations.push(format!(
                     "{} was sent {} at {} in a turn that began at {}",
                     w.host,
