@@ -499,6 +499,11 @@ pub enum Found {
     NoReply,
 }
 
+/// The session's transcript file.
+pub(crate) fn transcript_path(session: &Session, cwd: &str) -> Option<PathBuf> {
+    transcript_of(session, cwd)
+}
+
 fn transcript_of(session: &Session, cwd: &str) -> Option<PathBuf> {
     let config = config_dir(session.config_dir.as_deref())?;
     Some(doctor::transcript_path(
@@ -532,7 +537,9 @@ pub fn find(path: &Path, request_id: &str) -> Result<Found, String> {
         let kind = v.get("type").and_then(Value::as_str).unwrap_or("");
         let uuid = v.get("uuid").and_then(Value::as_str).unwrap_or("");
         if !found {
-            if kind == "user" && uuid == request_id {
+            // Our prompt: the user entry we wrote with the request id as its uuid, or a card
+            // pushed through a channel, which names the request id in its text.
+            if kind == "user" && (uuid == request_id || prompt_names(&v, request_id)) {
                 found = true;
                 below.insert(uuid.to_owned());
             }
@@ -585,6 +592,22 @@ pub fn find(path: &Path, request_id: &str) -> Result<Found, String> {
         }
     }
     Ok(if found { Found::NoReply } else { Found::Absent })
+}
+
+/// Whether a user entry's text (not a tool's result) names `request_id`.
+fn prompt_names(v: &Value, request_id: &str) -> bool {
+    if v.get("toolUseResult").is_some() || is_tool_result(v) {
+        return false;
+    }
+    let content = &v["message"]["content"];
+    content.as_str().is_some_and(|t| t.contains(request_id))
+        || content.as_array().is_some_and(|a| {
+            a.iter().any(|b| {
+                b.get("text")
+                    .and_then(Value::as_str)
+                    .is_some_and(|t| t.contains(request_id))
+            })
+        })
 }
 
 fn is_tool_result(v: &Value) -> bool {
@@ -651,9 +674,19 @@ pub fn activity(service: &RefCell<Service>, agent: &AgentRow) -> Activity {
         }
     };
     for run in open {
-        let busy = command::still_running_or(&mut service.store, &db, &run, now, |r| {
-            gone_outcome(&session, &agent.cwd, r)
-        });
+        let busy = match super::channel::still_going(
+            &mut service.store,
+            &db,
+            &session,
+            &agent.cwd,
+            &run,
+            now,
+        ) {
+            Some(going) => going,
+            None => command::still_running_or(&mut service.store, &db, &run, now, |r| {
+                gone_outcome(&session, &agent.cwd, r)
+            }),
+        };
         if busy {
             return Activity::Busy {
                 turn: Some(TurnId::new(&run.request_id)),
@@ -693,6 +726,28 @@ pub fn activity(service: &RefCell<Service>, agent: &AgentRow) -> Activity {
     };
     match live_holders(&config, &session.id) {
         Ok(holders) => match holders.first() {
+            // The person's interactive session, with a handoffs channel open in it: written
+            // to (through the channel) when it says it is idle.
+            Some(h) if holders.len() == 1 && h.entrypoint == "cli" => {
+                if super::channel::live_channel(&mut service.store, &db, agent, &holders).is_none()
+                {
+                    return Activity::Busy {
+                        turn: None,
+                        detail: Some(format!(
+                            "{}; no handoffs channel is open in it (start its `handoffs mcp` with --channels)",
+                            h.describe(&session.id)
+                        )),
+                    };
+                }
+                if h.status.as_deref() == Some("idle") {
+                    Activity::Idle
+                } else {
+                    Activity::Busy {
+                        turn: None,
+                        detail: Some(h.describe(&session.id)),
+                    }
+                }
+            }
             Some(h) => Activity::Busy {
                 turn: None,
                 detail: Some(h.describe(&session.id)),
@@ -700,6 +755,32 @@ pub fn activity(service: &RefCell<Service>, agent: &AgentRow) -> Activity {
             None => Activity::Idle,
         },
         Err(detail) => Activity::Unknown { detail },
+    }
+}
+
+/// The channel to write through: the session is open in one interactive Claude process with
+/// a live handoffs channel in it. `Err` when it is so open but not idle now (the send
+/// boundary's re-check: nothing is written).
+fn channel_now(
+    service: &RefCell<Service>,
+    agent: &AgentRow,
+    session: &Session,
+) -> Result<Option<crate::store::ChannelRow>, String> {
+    let Some(config) = config_dir(session.config_dir.as_deref()) else {
+        return Ok(None);
+    };
+    let Ok(holders) = live_holders(&config, &session.id) else {
+        return Ok(None);
+    };
+    if holders.len() != 1 {
+        return Ok(None);
+    }
+    let mut s = service.borrow_mut();
+    let db = s.store.path().to_owned();
+    match super::channel::live_channel(&mut s.store, &db, agent, &holders) {
+        Some((c, h)) if h.status.as_deref() == Some("idle") => Ok(Some(c)),
+        Some((_, h)) => Err(h.describe(&session.id)),
+        None => Ok(None),
     }
 }
 
@@ -715,6 +796,13 @@ pub async fn start(service: &RefCell<Service>, w: &Write<'_>) -> WriteOutcome {
         };
     }
     let session = session_of(w.agent);
+    if !crate::planted("resume_beside_live") {
+        match channel_now(service, w.agent, &session) {
+            Ok(Some(channel)) => return super::channel::write(service, w, &channel).await,
+            Err(detail) => return WriteOutcome::Refused { detail },
+            Ok(None) => {}
+        }
+    }
     let mut extra = vec!["--claude-session".to_owned(), session.id.clone()];
     if let Some(dir) = &session.config_dir {
         extra.push("--claude-config-dir".to_owned());
@@ -741,9 +829,19 @@ pub fn observe(service: &RefCell<Service>, agent: &AgentRow, request_id: &str) -
                     detail: "the write is starting".to_owned(),
                 };
             }
-            let live = command::still_running_or(&mut service.store, &db, &run, now, |r| {
-                gone_outcome(&session, &agent.cwd, r)
-            });
+            let live = match super::channel::still_going(
+                &mut service.store,
+                &db,
+                &session,
+                &agent.cwd,
+                &run,
+                now,
+            ) {
+                Some(going) => going,
+                None => command::still_running_or(&mut service.store, &db, &run, now, |r| {
+                    gone_outcome(&session, &agent.cwd, r)
+                }),
+            };
             if live {
                 return command::observed_of(&run, true);
             }

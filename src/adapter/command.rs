@@ -100,7 +100,7 @@ pub fn runs_dir(db: &Path) -> PathBuf {
     sibling(db, ".runs")
 }
 
-fn lock_path(db: &Path, request_id: &str) -> PathBuf {
+pub(crate) fn lock_path(db: &Path, request_id: &str) -> PathBuf {
     runs_dir(db).join(format!("{request_id}.lock"))
 }
 
@@ -647,7 +647,7 @@ pub async fn scan(
     }
 }
 
-fn ensure_private_dir(dir: &Path) -> Result<(), String> {
+pub(crate) fn ensure_private_dir(dir: &Path) -> Result<(), String> {
     if !dir.exists() {
         std::fs::create_dir_all(dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;

@@ -3,6 +3,7 @@
 //! a history scan). Errors are values, never panics. Which adapter serves an agent is decided
 //! by its provider; the engine never knows more than this module's enum.
 
+pub mod channel;
 pub mod claude;
 pub mod codex;
 pub mod command;

@@ -124,6 +124,10 @@ pub enum Command {
         /// A folder of Markdown files served as project memory (context_* tools).
         #[arg(long, value_name = "DIR")]
         context_library: Option<PathBuf>,
+        /// Be a Claude Code channel (research preview): push each handoff for this agent into
+        /// the interactive Claude session that started this server, as a new prompt.
+        #[arg(long)]
+        channels: bool,
     },
     /// The workspace's task ledger: briefs, the one writer lease, the handoff budget.
     #[command(subcommand)]
@@ -1001,10 +1005,12 @@ pub fn run(cli: &Cli) -> Result<(), Failure> {
         Command::Mcp {
             agent,
             context_library,
+            channels,
         } => Ok(crate::front::mcp::serve_stdio(
             &db_path(cli),
             agent,
             context_library.as_deref(),
+            *channels,
         )?),
         Command::Task(cmd) => task(cli, cmd),
         Command::Demo {

@@ -474,6 +474,8 @@ fn args<T: DeserializeOwned>(tool: &str, raw: &JsonObject) -> Result<T, ToolErro
 #[derive(Clone)]
 pub struct McpServer {
     inner: Arc<Inner>,
+    /// Declares the Claude channel capability (`handoffs mcp --channels`).
+    channels: bool,
 }
 
 struct Inner {
@@ -551,6 +553,7 @@ impl McpServer {
                 engine_alive_until: std::sync::atomic::AtomicI64::new(0),
                 engine_quiet: Mutex::new(None),
             }),
+            channels: false,
         })
     }
 
@@ -1145,16 +1148,32 @@ fn planted(name: &str) -> bool {
 
 impl ServerHandler for McpServer {
     fn get_info(&self) -> ServerConfig {
-        let mut info = ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(
-                Implementation::new("handoffs", env!("CARGO_PKG_VERSION")).with_title("handoffs"),
+        let mut caps = ServerCapabilities::builder().enable_tools().build();
+        if self.channels {
+            // Claude Code's channel contract (research preview): this capability makes it
+            // listen for `notifications/claude/channel`.
+            caps.experimental = Some(
+                [("claude/channel".to_owned(), rmcp::model::JsonObject::new())]
+                    .into_iter()
+                    .collect(),
             );
+        }
+        let mut info = ServerConfig::new(caps).with_server_info(
+            Implementation::new("handoffs", env!("CARGO_PKG_VERSION")).with_title("handoffs"),
+        );
         info = info.with_instructions(format!(
             "You are agent {agent}. send_handoff gives another agent a new turn (a title makes it \
              work: they accept, return, and you close). inbox, read_message and \
              wait_for_messages show what was sent to you. The *_handoff tools share task briefs \
-             in this workspace: claim before you write, pass with a summary when you stop.",
-            agent = self.inner.agent
+             in this workspace: claim before you write, pass with a summary when you stop.{channel}",
+            agent = self.inner.agent,
+            channel = if self.channels {
+                " Handoffs for you also arrive as <channel source=\"handoffs\"> events: each is \
+                 a new task from the agent named in `from`; do it as its own turn, and use \
+                 accept_handoff / return_handoff with the message id in `message` when it is work."
+            } else {
+                ""
+            }
         ));
         info
     }
@@ -1194,8 +1213,19 @@ pub fn serve_stdio(
     db: &Path,
     agent: &str,
     context_library: Option<&Path>,
+    channels: bool,
 ) -> Result<(), ServiceError> {
-    let server = McpServer::new(db, agent, context_library)?;
+    let mut server = McpServer::new(db, agent, context_library)?;
+    let listener = if channels {
+        let row = Store::open(db)
+            .and_then(|mut s| s.read(|tx| tx.agent(agent)))
+            .map_err(|e| ServiceError::Refused(e.to_string()))?
+            .ok_or_else(|| ServiceError::Refused(format!("unknown agent {agent:?}")))?;
+        server.channels = true;
+        Some(crate::adapter::channel::Listener::open(db, &row).map_err(ServiceError::Refused)?)
+    } else {
+        None
+    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -1216,6 +1246,46 @@ pub fn serve_stdio(
             .map_err(|e| {
                 ServiceError::Refused(format!("MCP session ended before it began: {e}"))
             })?;
+        if let Some(mut listener) = listener {
+            let peer = running.peer().clone();
+            let listener_db = db.to_owned();
+            let pushing = tokio::spawn(async move {
+                let Ok(mut store) = Store::open(&listener_db) else {
+                    return;
+                };
+                loop {
+                    listener.refresh(&mut store);
+                    for (content, meta) in listener.take(&mut store) {
+                        // Taken (and recorded) before it is sent: pushed at most once.
+                        let note = rmcp::model::CustomNotification::new(
+                            crate::adapter::channel::METHOD,
+                            Some(serde_json::json!({"content": content, "meta": meta})),
+                        );
+                        if peer
+                            .send_notification(rmcp::model::ServerNotification::CustomNotification(
+                                note,
+                            ))
+                            .await
+                            .is_err()
+                        {
+                            listener.close(&mut store);
+                            return;
+                        }
+                    }
+                    if peer.is_transport_closed() {
+                        listener.close(&mut store);
+                        return;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+                }
+            });
+            let _ = running.waiting().await;
+            pushing.abort();
+            if let Ok(mut store) = Store::open(db) {
+                let _ = store.write(|tx| tx.close_channel(i64::from(std::process::id())));
+            }
+            return Ok(());
+        }
         let _ = running.waiting().await;
         Ok(())
     })

@@ -3,10 +3,10 @@
 //! does not yet build against rusqlite 0.43, and this is twenty lines.
 
 /// The schema version this build writes.
-pub const LATEST: i64 = 3;
+pub const LATEST: i64 = 4;
 
 /// `STEPS[i]` migrates from version `i` to `i + 1`.
-pub const STEPS: [&str; 3] = [
+pub const STEPS: [&str; 4] = [
     r"
 CREATE TABLE agents (
     id TEXT PRIMARY KEY,
@@ -109,4 +109,25 @@ CREATE INDEX deliveries_recipient_due ON deliveries (recipient, due_at) WHERE du
     // recipient, G1). No schema change: `Store::migrate` fills the route of every delivery
     // that is not settled from its agent's settings (`fill_routes`).
     "",
+    // 3 → 4: Claude Code channels. A `handoffs mcp --channels` server inside a person's
+    // interactive Claude session registers itself (`channels`); a write to that session is a
+    // card it pushes (`channel_pushes`), taken (pushed_at) in a commit before it is sent.
+    r"
+CREATE TABLE IF NOT EXISTS channels (
+    pid INTEGER PRIMARY KEY,
+    agent TEXT NOT NULL,
+    session TEXT NOT NULL,
+    claude_pid INTEGER NOT NULL,
+    opened_at INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS channel_pushes (
+    request_id TEXT PRIMARY KEY,
+    listener INTEGER NOT NULL,
+    content TEXT NOT NULL,
+    meta TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    pushed_at INTEGER
+);
+CREATE INDEX IF NOT EXISTS channel_pushes_waiting ON channel_pushes (listener) WHERE pushed_at IS NULL;
+",
 ];

@@ -488,6 +488,40 @@ pub struct RunRow {
     pub detail: Option<String>,
 }
 
+/// A channel listener: a `handoffs mcp --channels` process inside a Claude session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChannelRow {
+    pub pid: i64,
+    pub agent: String,
+    pub session: String,
+    /// The Claude process that started it (its parent).
+    pub claude_pid: i64,
+    pub opened_at: i64,
+}
+
+/// A card a channel listener pushes into its session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PushRow {
+    pub request_id: String,
+    pub listener: i64,
+    pub content: String,
+    /// JSON object of string values: the notification's `meta`.
+    pub meta: String,
+    pub created_at: i64,
+    pub pushed_at: Option<i64>,
+}
+
+fn push_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<PushRow> {
+    Ok(PushRow {
+        request_id: r.get(0)?,
+        listener: r.get(1)?,
+        content: r.get(2)?,
+        meta: r.get(3)?,
+        created_at: r.get(4)?,
+        pushed_at: r.get(5)?,
+    })
+}
+
 /// A transaction, with typed queries.
 #[derive(Debug)]
 pub struct Tx<'a> {
@@ -1259,6 +1293,115 @@ impl Tx<'_> {
             params![request_id, pid],
         )?;
         Ok(())
+    }
+
+    /// Registers a channel listener (a `handoffs mcp --channels` process).
+    pub fn open_channel(&self, c: &ChannelRow) -> Result<()> {
+        self.tx.execute(
+            "INSERT OR REPLACE INTO channels (pid, agent, session, claude_pid, opened_at)
+             VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![c.pid, c.agent, c.session, c.claude_pid, c.opened_at],
+        )?;
+        Ok(())
+    }
+
+    pub fn close_channel(&self, pid: i64) -> Result<()> {
+        self.tx
+            .execute("DELETE FROM channels WHERE pid = ?1", [pid])?;
+        Ok(())
+    }
+
+    /// The channel listeners registered for an agent's session, newest first.
+    pub fn channels_for(&self, agent: &str, session: &str) -> Result<Vec<ChannelRow>> {
+        let mut st = self.tx.prepare_cached(
+            "SELECT pid, agent, session, claude_pid, opened_at FROM channels
+             WHERE agent = ?1 AND session = ?2 ORDER BY opened_at DESC",
+        )?;
+        let rows = st.query_map([agent, session], |r| {
+            Ok(ChannelRow {
+                pid: r.get(0)?,
+                agent: r.get(1)?,
+                session: r.get(2)?,
+                claude_pid: r.get(3)?,
+                opened_at: r.get(4)?,
+            })
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    pub fn channel(&self, pid: i64) -> Result<Option<ChannelRow>> {
+        Ok(self
+            .tx
+            .prepare_cached(
+                "SELECT pid, agent, session, claude_pid, opened_at FROM channels WHERE pid = ?1",
+            )?
+            .query_row([pid], |r| {
+                Ok(ChannelRow {
+                    pid: r.get(0)?,
+                    agent: r.get(1)?,
+                    session: r.get(2)?,
+                    claude_pid: r.get(3)?,
+                    opened_at: r.get(4)?,
+                })
+            })
+            .optional()?)
+    }
+
+    /// A card for a channel listener to push.
+    pub fn insert_push(&self, p: &PushRow) -> Result<()> {
+        self.tx.execute(
+            "INSERT INTO channel_pushes (request_id, listener, content, meta, created_at, pushed_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![p.request_id, p.listener, p.content, p.meta, p.created_at, p.pushed_at],
+        )?;
+        Ok(())
+    }
+
+    pub fn push(&self, request_id: &str) -> Result<Option<PushRow>> {
+        Ok(self
+            .tx
+            .prepare_cached(
+                "SELECT request_id, listener, content, meta, created_at, pushed_at
+                 FROM channel_pushes WHERE request_id = ?1",
+            )?
+            .query_row([request_id], push_from)
+            .optional()?)
+    }
+
+    /// The cards waiting for a listener, oldest first.
+    pub fn waiting_pushes(&self, listener: i64) -> Result<Vec<PushRow>> {
+        let mut st = self.tx.prepare_cached(
+            "SELECT request_id, listener, content, meta, created_at, pushed_at
+             FROM channel_pushes WHERE listener = ?1 AND pushed_at IS NULL ORDER BY created_at",
+        )?;
+        let rows = st.query_map([listener], push_from)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// Takes a waiting card for pushing: marks it pushed and records the listener as the
+    /// run's receipt. False when it was taken back (or taken) already.
+    pub fn take_push(&self, request_id: &str, listener: i64, at: i64) -> Result<bool> {
+        let changed = self.tx.execute(
+            "UPDATE channel_pushes SET pushed_at = ?3
+             WHERE request_id = ?1 AND listener = ?2 AND pushed_at IS NULL",
+            params![request_id, listener, at],
+        )?;
+        if changed > 0 {
+            self.tx.execute(
+                "UPDATE runs SET pid = ?2 WHERE request_id = ?1",
+                params![request_id, listener],
+            )?;
+        }
+        Ok(changed > 0)
+    }
+
+    /// Takes back a card no listener took: false when it was pushed meanwhile.
+    pub fn withdraw_push(&self, request_id: &str) -> Result<bool> {
+        let changed = self.tx.execute(
+            "DELETE FROM channel_pushes WHERE request_id = ?1 AND pushed_at IS NULL",
+            [request_id],
+        )?;
+        Ok(changed > 0)
     }
 
     pub fn open_runs_for(&self, agent: &str) -> Result<Vec<RunRow>> {

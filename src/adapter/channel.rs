@@ -1,0 +1,355 @@
+//! Claude Code channels (SPEC §4, research preview): a `handoffs mcp --agent ID --channels`
+//! server that Claude Code started inside a person's interactive session declares the
+//! experimental `claude/channel` capability and pushes each card it is given as a
+//! `notifications/claude/channel` event, which Claude shows in that session as a new prompt.
+//! This is how a handoff reaches a session that is open interactively, where a headless
+//! `--resume` beside it would fork the transcript.
+//!
+//! Both halves meet in the database. The listener registers itself (`channels`: its pid, the
+//! session its parent Claude process has open, that process's pid) and holds a lock file for
+//! as long as it lives. A write to the session is a run (as for every Claude write) plus a
+//! card (`channel_pushes`) addressed to a live listener; the listener takes the card in a
+//! commit (which records the receipt) before it sends a byte, so a card is pushed at most
+//! once, and a card nobody took can be taken back: then nothing was written. The turn is
+//! observed through the transcript (the prompt that names the request id, and the reply
+//! below it).
+
+use super::claude::{self, Found, Holder, Session};
+use super::command;
+use crate::service::Service;
+use crate::store::{AgentRow, ChannelRow, PushRow, RunRow, Store, millis};
+use model::{RequestId, TurnId, WriteOutcome};
+use serde_json::{Value, json};
+use std::cell::RefCell;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The notification method Claude Code listens for.
+pub const METHOD: &str = "notifications/claude/channel";
+
+/// How long a write waits for the listener to take its card.
+const TAKE_WAIT: Duration = Duration::from_secs(10);
+
+fn lock_name(pid: i64) -> String {
+    format!("channel-{pid}")
+}
+
+/// Whether the listener `pid` is alive (it holds its lock file).
+pub fn listener_alive(db: &Path, pid: i64) -> bool {
+    command::supervisor_alive(db, &lock_name(pid))
+}
+
+/// A live listener in an interactive Claude process that holds the session: the channel a
+/// card for this agent goes through, and that holder.
+pub fn live_channel(
+    store: &mut Store,
+    db: &Path,
+    agent: &AgentRow,
+    holders: &[Holder],
+) -> Option<(ChannelRow, Holder)> {
+    let channels = store
+        .read(|tx| tx.channels_for(&agent.id, &agent.endpoint))
+        .ok()?;
+    channels.into_iter().find_map(|c| {
+        let holder = holders
+            .iter()
+            .find(|h| i64::from(h.pid) == c.claude_pid && h.entrypoint == "cli")?;
+        listener_alive(db, c.pid).then(|| (c, holder.clone()))
+    })
+}
+
+/// Writes one card through `channel`: a run and its card in one commit, then the listener's
+/// take (the receipt). A card not taken in time is taken back: a refusal, nothing written.
+pub async fn write(
+    service: &RefCell<Service>,
+    w: &super::Write<'_>,
+    channel: &ChannelRow,
+) -> WriteOutcome {
+    let (db, now) = {
+        let s = service.borrow();
+        (s.store.path().to_owned(), millis(s.now()))
+    };
+    let timeout_ms = w
+        .agent
+        .settings
+        .get("timeout")
+        .and_then(Value::as_i64)
+        .unwrap_or(3_600)
+        .saturating_mul(1_000);
+    let run = RunRow {
+        request_id: w.request_id.to_owned(),
+        message_id: w.message.id.clone(),
+        agent: w.agent.id.clone(),
+        pid: None,
+        started_at: now,
+        ends_at: Some(now.saturating_add(timeout_ms)),
+        ended_at: None,
+        exit_code: None,
+        outcome: None,
+        detail: None,
+    };
+    let meta = json!({
+        "request_id": w.request_id,
+        "message": w.message.id,
+        "from": w.message.sender,
+        "kind": w.message.kind,
+    });
+    let push = PushRow {
+        request_id: w.request_id.to_owned(),
+        listener: channel.pid,
+        content: w.text.to_owned(),
+        meta: meta.to_string(),
+        created_at: now,
+        pushed_at: None,
+    };
+    let queued = service.borrow_mut().store.write(|tx| {
+        tx.insert_run(&run)?;
+        tx.insert_push(&push)
+    });
+    if let Err(e) = queued {
+        return WriteOutcome::Refused {
+            detail: format!("the card was not queued for the channel: {e}"),
+        };
+    }
+    let started = tokio::time::Instant::now();
+    loop {
+        let taken = service
+            .borrow_mut()
+            .store
+            .read(|tx| tx.push(w.request_id))
+            .map(|p| p.and_then(|p| p.pushed_at));
+        match taken {
+            Ok(Some(_)) => {
+                return WriteOutcome::Receipt {
+                    turn: TurnId::new(w.request_id),
+                    request_id: Some(RequestId::new(w.request_id)),
+                };
+            }
+            Ok(None) => {}
+            Err(e) => {
+                return WriteOutcome::Failed {
+                    detail: e.to_string(),
+                };
+            }
+        }
+        if started.elapsed() > TAKE_WAIT || !listener_alive(&db, channel.pid) {
+            return take_back(service, w.request_id, channel.pid);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Takes back a card its listener did not take: a refusal (nothing written); a receipt when
+/// it was taken meanwhile.
+fn take_back(service: &RefCell<Service>, request_id: &str, listener: i64) -> WriteOutcome {
+    let mut s = service.borrow_mut();
+    let now = millis(s.now());
+    let detail = format!(
+        "the channel (handoffs mcp, pid {listener}) did not take the card; nothing was written"
+    );
+    let withdrawn = s.store.write(|tx| {
+        let withdrawn = tx.withdraw_push(request_id)?;
+        if withdrawn {
+            tx.finish_run(request_id, now, None, "refused", Some(&detail))?;
+        }
+        Ok::<_, crate::store::StoreError>(withdrawn)
+    });
+    match withdrawn {
+        Ok(true) => WriteOutcome::Refused { detail },
+        Ok(false) => WriteOutcome::Receipt {
+            turn: TurnId::new(request_id),
+            request_id: Some(RequestId::new(request_id)),
+        },
+        Err(e) => WriteOutcome::Failed {
+            detail: e.to_string(),
+        },
+    }
+}
+
+/// Where a channel run stands when nobody watches it: `None` while it is not over (the card
+/// waits for a live listener, or its turn has no reply yet in a live session), else its
+/// outcome and why. A card nobody can take any more is taken back.
+pub fn run_over(
+    store: &mut Store,
+    db: &Path,
+    session: &Session,
+    cwd: &str,
+    run: &RunRow,
+    push: &PushRow,
+    now: i64,
+) -> Option<(String, String)> {
+    if push.pushed_at.is_none() {
+        if listener_alive(db, push.listener) {
+            return None;
+        }
+        if store
+            .write(|tx| tx.withdraw_push(&push.request_id))
+            .unwrap_or(false)
+        {
+            return Some((
+                "refused".to_owned(),
+                "the channel closed before it took the card; nothing was written".to_owned(),
+            ));
+        }
+    }
+    let found = claude::transcript_path(session, cwd).map(|p| claude::find(&p, &run.request_id));
+    match found {
+        Some(Ok(Found::Reply)) => {
+            return Some((
+                "returned".to_owned(),
+                "the reply is in the session's transcript".to_owned(),
+            ));
+        }
+        Some(Ok(Found::ApiError(e))) => return Some(("errored".to_owned(), e)),
+        _ => {}
+    }
+    if run.ends_at.is_some_and(|end| now > end) {
+        return Some((
+            "errored".to_owned(),
+            "no reply in the session within the agent's timeout (the person's session was left alone)"
+                .to_owned(),
+        ));
+    }
+    let claude_pid = store
+        .read(|tx| tx.channel(push.listener))
+        .ok()
+        .flatten()
+        .map(|c| c.claude_pid);
+    // The turn runs on while that Claude process still has the session open (its registry
+    // entry, pid alive); a registry nobody can read says nothing, so it waits.
+    let holders = claude::config_dir(session.config_dir.as_deref())
+        .map(|config| claude::live_holders(&config, &session.id));
+    let session_lives = match holders {
+        Some(Ok(holders)) => {
+            claude_pid.is_some_and(|c| holders.iter().any(|h| i64::from(h.pid) == c))
+        }
+        Some(Err(_)) => true,
+        None => false,
+    };
+    if session_lives {
+        None
+    } else {
+        Some((
+            "interrupted".to_owned(),
+            "the interactive session ended before its reply".to_owned(),
+        ))
+    }
+}
+
+/// Whether an open run is a channel write still going; `None` when it is not a channel write
+/// (the supervised path judges it). A channel write that is over is recorded.
+pub fn still_going(
+    store: &mut Store,
+    db: &Path,
+    session: &Session,
+    cwd: &str,
+    run: &RunRow,
+    now: i64,
+) -> Option<bool> {
+    let push = store.read(|tx| tx.push(&run.request_id)).ok().flatten()?;
+    match run_over(store, db, session, cwd, run, &push, now) {
+        None => Some(true),
+        Some((outcome, detail)) => {
+            let _ = store
+                .write(|tx| tx.finish_run(&run.request_id, now, None, &outcome, Some(&detail)));
+            Some(false)
+        }
+    }
+}
+
+// ----- the listener (inside `handoffs mcp --channels`) -------------------------------------
+
+/// The listener's side: registered for the session its parent Claude process has open, and
+/// holding its lock file while it lives.
+#[derive(Debug)]
+pub struct Listener {
+    db: PathBuf,
+    agent: String,
+    pid: i64,
+    parent: i32,
+    config: Option<PathBuf>,
+    session: Option<String>,
+    _lock: std::fs::File,
+}
+
+impl Listener {
+    /// Takes the listener's lock; the session is looked up (and registered) by `refresh`.
+    pub fn open(db: &Path, agent: &AgentRow) -> Result<Listener, String> {
+        let pid = i64::from(std::process::id());
+        command::ensure_private_dir(&command::runs_dir(db))?;
+        let path = command::lock_path(db, &lock_name(pid));
+        let lock = command::create_private(&path)
+            .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+        lock.try_lock()
+            .map_err(|e| format!("cannot lock {}: {e}", path.display()))?;
+        Ok(Listener {
+            db: db.to_owned(),
+            agent: agent.id.clone(),
+            pid,
+            parent: nix::unistd::getppid().as_raw(),
+            config: claude::config_dir(
+                agent
+                    .settings
+                    .get("config_dir")
+                    .and_then(Value::as_str)
+                    .map(Path::new),
+            ),
+            session: None,
+            _lock: lock,
+        })
+    }
+
+    /// Registers (again) the session the parent Claude process has open now: the registry
+    /// entry `sessions/<parent pid>.json` names it (and changes on `/resume` or `/clear`).
+    pub fn refresh(&mut self, store: &mut Store) {
+        let Some(config) = &self.config else { return };
+        let entry = config
+            .join("sessions")
+            .join(format!("{}.json", self.parent));
+        let session = std::fs::read_to_string(entry)
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .and_then(|v| {
+                v.get("sessionId")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+            });
+        if session.is_none() || session == self.session {
+            return;
+        }
+        let row = ChannelRow {
+            pid: self.pid,
+            agent: self.agent.clone(),
+            session: session.clone().unwrap_or_default(),
+            claude_pid: i64::from(self.parent),
+            opened_at: millis(crate::clock::now()),
+        };
+        if store.write(|tx| tx.open_channel(&row)).is_ok() {
+            self.session = session;
+        }
+    }
+
+    /// The cards to push now, each taken (committed) before it is returned.
+    pub fn take(&self, store: &mut Store) -> Vec<(String, Value)> {
+        let Ok(waiting) = store.read(|tx| tx.waiting_pushes(self.pid)) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for p in waiting {
+            let now = millis(crate::clock::now());
+            if store
+                .write(|tx| tx.take_push(&p.request_id, self.pid, now))
+                .unwrap_or(false)
+            {
+                let meta = serde_json::from_str::<Value>(&p.meta).unwrap_or(Value::Null);
+                out.push((p.content, meta));
+            }
+        }
+        out
+    }
+
+    pub fn close(&self, store: &mut Store) {
+        let _ = store.write(|tx| tx.close_channel(self.pid));
+        let _ = std::fs::remove_file(command::lock_path(&self.db, &lock_name(self.pid)));
+    }
+}
