@@ -337,6 +337,9 @@ pub struct SuperviseArgs {
     pub codex_thread: Option<String>,
     #[arg(long, requires = "codex_thread")]
     pub codex_home: Option<PathBuf>,
+    /// Accept the approval requests of the Codex turn (else they are declined).
+    #[arg(long, requires = "codex_thread")]
+    pub codex_accept_approvals: bool,
     #[arg(last = true, required = true)]
     pub argv: Vec<String>,
 }
@@ -1043,6 +1046,7 @@ pub fn run(cli: &Cli) -> Result<(), Failure> {
                     .map(|id| crate::adapter::codex::Thread {
                         id: id.clone(),
                         home: a.codex_home.clone(),
+                        accept_approvals: a.codex_accept_approvals,
                     }),
                 claude: a
                     .claude_session

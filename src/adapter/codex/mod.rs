@@ -40,6 +40,8 @@ pub struct Thread {
     pub id: String,
     /// `home` as registered; otherwise `$CODEX_HOME`, else `~/.codex`.
     pub home: Option<PathBuf>,
+    /// `approvals = accept`: the turn's approval requests are accepted, else declined.
+    pub accept_approvals: bool,
 }
 
 fn setting<'a>(agent: &'a AgentRow, key: &str) -> Option<&'a str> {
@@ -58,6 +60,7 @@ fn thread_of(agent: &AgentRow) -> Thread {
     Thread {
         id: agent.endpoint.clone(),
         home: setting(agent, "home").map(PathBuf::from),
+        accept_approvals: setting(agent, "approvals") == Some("accept"),
     }
 }
 
@@ -74,6 +77,11 @@ pub fn check_settings(settings: &Value) -> Result<(), String> {
             Some(s) if (1..=7 * 86_400).contains(&s) => {}
             _ => return Err("timeout must be whole seconds from 1 to 604800".to_owned()),
         }
+    }
+    if let Some(a) = settings.get("approvals")
+        && !matches!(a.as_str(), Some("accept" | "decline"))
+    {
+        return Err("approvals must be accept or decline".to_owned());
     }
     Ok(())
 }
@@ -309,16 +317,36 @@ impl Rpc {
         }
     }
 
-    /// Answers a request from the app-server (an approval): declined, so a turn never stalls
-    /// waiting for a person who is not there.
-    async fn decline(&mut self, request: &Value) {
+    /// Answers a request from our own app-server, so a turn never stalls waiting for a person
+    /// who is not there: approvals accepted or declined as the agent is set, questions and
+    /// elicitations declined, anything else refused as not supported.
+    async fn answer(&mut self, request: &Value, accept: bool) {
         let Some(id) = request.get("id").cloned() else {
             return;
         };
-        let _ = self
-            .send(&json!({"id": id, "result": {"decision": "decline"}}))
-            .await;
+        let method = request["method"].as_str().unwrap_or("");
+        let _ = self.send(&answer_to(id, method, accept)).await;
     }
+}
+
+/// The answer to one request from the app-server (see [`Rpc::answer`]).
+fn answer_to(id: Value, method: &str, accept: bool) -> Value {
+    let result = match method {
+        "item/commandExecution/requestApproval" | "item/fileChange/requestApproval" => {
+            json!({"decision": if accept { "accept" } else { "decline" }})
+        }
+        "applyPatchApproval" | "execCommandApproval" => {
+            json!({"decision": if accept { "approved" } else { "denied" }})
+        }
+        "item/permissions/requestApproval" => json!({"permissions": {}, "scope": "turn"}),
+        "mcpServer/elicitation/request" => json!({"action": "decline"}),
+        "item/tool/requestUserInput" => json!({"answers": {}}),
+        _ => {
+            return json!({"id": id, "error": {"code": -32601,
+                "message": format!("{method} is not supported by handoffs")}});
+        }
+    };
+    json!({"id": id, "result": result})
 }
 
 /// What one supervised Codex write came to, through our own app-server (`child`):
@@ -699,7 +727,11 @@ async fn talk(
         };
         let method = msg.get("method").and_then(Value::as_str).unwrap_or("");
         if msg.get("id").is_some() && !method.is_empty() {
-            rpc.decline(&msg).await;
+            // Through the daemon the person's own session is there to answer (and a request
+            // unanswered past the timeout interrupts the turn); our own app-server has only us.
+            if !rpc.through_daemon() {
+                rpc.answer(&msg, thread.accept_approvals).await;
+            }
             continue;
         }
         let params = msg.get("params").cloned().unwrap_or(Value::Null);
@@ -1044,6 +1076,9 @@ pub async fn start(service: &RefCell<Service>, w: &Write<'_>) -> WriteOutcome {
         extra.push("--codex-home".to_owned());
         extra.push(home.to_string_lossy().into_owned());
     }
+    if thread.accept_approvals {
+        extra.push("--codex-accept-approvals".to_owned());
+    }
     let binary = setting(w.agent, "binary").unwrap_or("codex").to_owned();
     let argv = vec![binary, "app-server".to_owned()];
     command::start_supervised(service, w, argv, &extra).await
@@ -1144,6 +1179,33 @@ mod tests {
         assert_eq!(find(d.path(), "TH", "r3").unwrap(), Found::Open);
         assert_eq!(find(d.path(), "TH", "r4").unwrap(), Found::Absent);
         assert_eq!(find(d.path(), "other", "r1").unwrap(), Found::Absent);
+    }
+
+    #[test]
+    fn each_request_from_the_app_server_gets_the_answer_its_method_takes() {
+        let a = |m: &str, accept: bool| answer_to(json!(7), m, accept);
+        assert_eq!(
+            a("item/commandExecution/requestApproval", false)["result"]["decision"],
+            "decline"
+        );
+        assert_eq!(
+            a("item/fileChange/requestApproval", true)["result"]["decision"],
+            "accept"
+        );
+        assert_eq!(
+            a("execCommandApproval", false)["result"]["decision"],
+            "denied"
+        );
+        assert_eq!(
+            a("applyPatchApproval", true)["result"]["decision"],
+            "approved"
+        );
+        assert_eq!(
+            a("mcpServer/elicitation/request", true)["result"]["action"],
+            "decline"
+        );
+        assert_eq!(a("item/tool/call", true)["error"]["code"], -32601);
+        assert_eq!(a("item/tool/call", true)["id"], 7);
     }
 
     #[test]
