@@ -325,12 +325,12 @@ impl Rpc {
             return;
         };
         let method = request["method"].as_str().unwrap_or("");
-        let _ = self.send(&answer_to(id, method, accept)).await;
+        let _ = self.send(&answer_to(&id, method, accept)).await;
     }
 }
 
 /// The answer to one request from the app-server (see [`Rpc::answer`]).
-fn answer_to(id: Value, method: &str, accept: bool) -> Value {
+fn answer_to(id: &Value, method: &str, accept: bool) -> Value {
     let result = match method {
         "item/commandExecution/requestApproval" | "item/fileChange/requestApproval" => {
             json!({"decision": if accept { "accept" } else { "decline" }})
@@ -1183,7 +1183,7 @@ mod tests {
 
     #[test]
     fn each_request_from_the_app_server_gets_the_answer_its_method_takes() {
-        let a = |m: &str, accept: bool| answer_to(json!(7), m, accept);
+        let a = |m: &str, accept: bool| answer_to(&json!(7), m, accept);
         assert_eq!(
             a("item/commandExecution/requestApproval", false)["result"]["decision"],
             "decline"
