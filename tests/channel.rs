@@ -327,3 +327,33 @@ async fn a_card_whose_session_closed_before_its_reply_is_interrupted() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// The MCP server alone goes (a `/mcp` reconnect, a restart) while Claude and its turn go
+/// on: the card's turn is not over, nothing is resent, and the reply makes it RETURNED.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_that_closes_while_its_session_goes_on_leaves_the_turn_running() {
+    let p = Person::new();
+    let (client, mut cards, child) = p.channel().await;
+    let _engine = p.w.spawn_engine();
+    let id = p.send("the server will restart");
+    let card = next_card(&mut cards, Duration::from_secs(30))
+        .await
+        .expect("pushed");
+    let request = card.params.unwrap()["meta"]["request_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    drop(client);
+    drop(child);
+    // Claude (this process) still has the session open; its turn runs on.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let runs = runs_of(&p.w.db, &id);
+    assert!(
+        runs.len() == 1 && runs[0].outcome.is_none(),
+        "G2: the turn was judged over when only its channel closed: {runs:?}"
+    );
+    p.transcript_turn(&request, "the server will restart");
+    p.wait_state(&id, &["RETURNED"], Duration::from_secs(30))
+        .await;
+    assert_eq!(runs_of(&p.w.db, &id).len(), 1);
+}

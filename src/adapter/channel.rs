@@ -30,6 +30,10 @@ pub const METHOD: &str = "notifications/claude/channel";
 /// How long a write waits for the listener to take its card.
 const TAKE_WAIT: Duration = Duration::from_secs(10);
 
+/// How long after a push an idle session may go without the card's prompt in its transcript
+/// before the card counts as never shown.
+const NOT_SHOWN_MS: i64 = 120_000;
+
 fn lock_name(pid: i64) -> String {
     format!("channel-{pid}")
 }
@@ -69,13 +73,15 @@ pub async fn write(
         let s = service.borrow();
         (s.store.path().to_owned(), millis(s.now()))
     };
-    let timeout_ms = w
-        .agent
-        .settings
-        .get("timeout")
-        .and_then(Value::as_i64)
-        .unwrap_or(3_600)
-        .saturating_mul(1_000);
+    let timeout_ms = i64::try_from(
+        w.agent
+            .settings
+            .get("timeout")
+            .and_then(Value::as_u64)
+            .unwrap_or(command::RUN_TIMEOUT_SECS_DEFAULT)
+            .saturating_mul(1_000),
+    )
+    .unwrap_or(i64::MAX);
     let run = RunRow {
         request_id: w.request_id.to_owned(),
         message_id: w.message.id.clone(),
@@ -97,12 +103,17 @@ pub async fn write(
     let push = PushRow {
         request_id: w.request_id.to_owned(),
         listener: channel.pid,
+        session: channel.session.clone(),
+        claude_pid: channel.claude_pid,
         content: w.text.to_owned(),
         meta: meta.to_string(),
         created_at: now,
         pushed_at: None,
     };
     let queued = service.borrow_mut().store.write(|tx| {
+        // A retry after a refusal keeps its request id: the refused run (nothing was written)
+        // makes way for it.
+        tx.forget_refused_run(w.request_id)?;
         tx.insert_run(&run)?;
         tx.insert_push(&push)
     });
@@ -193,14 +204,35 @@ pub fn run_over(
         }
     }
     let found = claude::transcript_path(session, cwd).map(|p| claude::find(&p, &run.request_id));
+    // The Claude process the card went to, while it still has the session open (a registry
+    // nobody can read says nothing: it counts as open).
+    let holders = claude::config_dir(session.config_dir.as_deref())
+        .map(|config| claude::live_holders(&config, &session.id));
+    let holder = match &holders {
+        Some(Ok(hs)) => hs
+            .iter()
+            .find(|h| i64::from(h.pid) == push.claude_pid)
+            .cloned(),
+        Some(Err(_)) => Some(Holder {
+            pid: i32::try_from(push.claude_pid).unwrap_or(0),
+            entrypoint: "cli".to_owned(),
+            status: None,
+        }),
+        None => None,
+    };
+    let busy = holder
+        .as_ref()
+        .is_some_and(|h| h.status.as_deref() != Some("idle"));
     match found {
-        Some(Ok(Found::Reply)) => {
+        // A reply, and the session is done with the turn (a text before a tool call is the
+        // middle of the turn, and the interactive session says busy until it ends).
+        Some(Ok(Found::Reply)) if !busy => {
             return Some((
                 "returned".to_owned(),
                 "the reply is in the session's transcript".to_owned(),
             ));
         }
-        Some(Ok(Found::ApiError(e))) => return Some(("errored".to_owned(), e)),
+        Some(Ok(Found::ApiError(e))) if !busy => return Some(("errored".to_owned(), e)),
         _ => {}
     }
     if run.ends_at.is_some_and(|end| now > end) {
@@ -210,30 +242,34 @@ pub fn run_over(
                 .to_owned(),
         ));
     }
-    let claude_pid = store
-        .read(|tx| tx.channel(push.listener))
-        .ok()
-        .flatten()
-        .map(|c| c.claude_pid);
-    // The turn runs on while that Claude process still has the session open (its registry
-    // entry, pid alive); a registry nobody can read says nothing, so it waits.
-    let holders = claude::config_dir(session.config_dir.as_deref())
-        .map(|config| claude::live_holders(&config, &session.id));
-    let session_lives = match holders {
-        Some(Ok(holders)) => {
-            claude_pid.is_some_and(|c| holders.iter().any(|h| i64::from(h.pid) == c))
-        }
-        Some(Err(_)) => true,
-        None => false,
-    };
-    if session_lives {
-        None
-    } else {
-        Some((
+    let Some(holder) = holder else {
+        return Some((
             "interrupted".to_owned(),
-            "the interactive session ended before its reply".to_owned(),
-        ))
+            "the interactive session closed before its reply".to_owned(),
+        ));
+    };
+    // Pushed, but Claude never showed it (channels off, no claude.ai login, or a Claude
+    // started without --dangerously-load-development-channels): no prompt names the request
+    // while the session sits idle.
+    let shown = matches!(
+        found,
+        Some(Ok(Found::Reply | Found::NoReply | Found::ApiError(_)))
+    );
+    if !shown
+        && holder.status.as_deref() == Some("idle")
+        && push
+            .pushed_at
+            .is_some_and(|at| now > at.saturating_add(NOT_SHOWN_MS))
+    {
+        return Some((
+            "errored".to_owned(),
+            format!(
+                "Claude did not show the card within {}s (is the session started with channels enabled?)",
+                NOT_SHOWN_MS / 1_000
+            ),
+        ));
     }
+    None
 }
 
 /// Whether an open run is a channel write still going; `None` when it is not a channel write
@@ -302,18 +338,7 @@ impl Listener {
     /// Registers (again) the session the parent Claude process has open now: the registry
     /// entry `sessions/<parent pid>.json` names it (and changes on `/resume` or `/clear`).
     pub fn refresh(&mut self, store: &mut Store) {
-        let Some(config) = &self.config else { return };
-        let entry = config
-            .join("sessions")
-            .join(format!("{}.json", self.parent));
-        let session = std::fs::read_to_string(entry)
-            .ok()
-            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-            .and_then(|v| {
-                v.get("sessionId")
-                    .and_then(Value::as_str)
-                    .map(str::to_owned)
-            });
+        let session = self.parent_entry().map(|(s, _)| s);
         if session.is_none() || session == self.session {
             return;
         }
@@ -329,13 +354,35 @@ impl Listener {
         }
     }
 
-    /// The cards to push now, each taken (committed) before it is returned.
+    /// The parent Claude's registry entry now: its session and status.
+    fn parent_entry(&self) -> Option<(String, Option<String>)> {
+        let config = self.config.as_ref()?;
+        let entry = config
+            .join("sessions")
+            .join(format!("{}.json", self.parent));
+        let v = std::fs::read_to_string(entry)
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())?;
+        let session = v.get("sessionId").and_then(Value::as_str)?.to_owned();
+        let status = v.get("status").and_then(Value::as_str).map(str::to_owned);
+        Some((session, status))
+    }
+
+    /// The cards to push now, each taken (committed) before it is returned: only cards for
+    /// the session the parent Claude has open, and only while it says it is idle (a card
+    /// that cannot go now is left for the engine to take back).
     pub fn take(&self, store: &mut Store) -> Vec<(String, Value)> {
+        let Some((session, Some(status))) = self.parent_entry() else {
+            return Vec::new();
+        };
+        if status != "idle" {
+            return Vec::new();
+        }
         let Ok(waiting) = store.read(|tx| tx.waiting_pushes(self.pid)) else {
             return Vec::new();
         };
         let mut out = Vec::new();
-        for p in waiting {
+        for p in waiting.into_iter().filter(|p| p.session == session) {
             let now = millis(crate::clock::now());
             if store
                 .write(|tx| tx.take_push(&p.request_id, self.pid, now))
@@ -350,6 +397,11 @@ impl Listener {
 
     pub fn close(&self, store: &mut Store) {
         let _ = store.write(|tx| tx.close_channel(self.pid));
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
         let _ = std::fs::remove_file(command::lock_path(&self.db, &lock_name(self.pid)));
     }
 }

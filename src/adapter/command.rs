@@ -771,7 +771,13 @@ pub async fn supervise(s: Supervise) -> i32 {
     {
         let log = runs_dir(&s.db).join(format!("{}.log", s.request_id));
         let _ = create_private(&log);
-        let text = std::fs::read_to_string(&s.text_file).unwrap_or_default();
+        let Ok(text) = std::fs::read_to_string(&s.text_file) else {
+            let detail = format!("cannot read the card {}", s.text_file.display());
+            let _ = store
+                .write(|tx| tx.finish_run(&s.request_id, now(), None, "refused", Some(&detail)));
+            cleanup(&s, &lock_file, &log);
+            return 0;
+        };
         // The receipt: the supervisor itself, which watches the turn in the daemon.
         let me = i64::from(std::process::id());
         let (outcome, detail) = super::codex::converse_daemon(
@@ -786,12 +792,37 @@ pub async fn supervise(s: Supervise) -> i32 {
             Duration::from_secs(s.timeout_secs),
         )
         .await;
-        let _ = store
-            .write(|tx| tx.finish_run(&s.request_id, now(), None, &outcome, detail.as_deref()));
+        if outcome != super::codex::LEAVE_OPEN {
+            let _ = store
+                .write(|tx| tx.finish_run(&s.request_id, now(), None, &outcome, detail.as_deref()));
+        } else if let Some(d) = &detail {
+            eprintln!("request {}: left open: {d}", s.request_id);
+        }
         cleanup(&s, &lock_file, &log);
         drop(lock);
         return 0;
     }
+    // A card the supervisor speaks itself (Claude, Codex) is read before anything starts:
+    // an unreadable one is refused, never written as an empty prompt.
+    let card = if s.codex.is_some() || s.claude.is_some() {
+        match std::fs::read_to_string(&s.text_file) {
+            Ok(t) => t,
+            Err(e) => {
+                let detail = format!("cannot read the card {}: {e}", s.text_file.display());
+                let _ = store.write(|tx| {
+                    tx.finish_run(&s.request_id, now(), None, "refused", Some(&detail))
+                });
+                cleanup(
+                    &s,
+                    &lock_file,
+                    &runs_dir(&s.db).join(format!("{}.log", s.request_id)),
+                );
+                return 0;
+            }
+        }
+    } else {
+        String::new()
+    };
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(args)
         .env("HANDOFFS_TEXT_FILE", &s.text_file)
@@ -854,7 +885,7 @@ pub async fn supervise(s: Supervise) -> i32 {
         (None, Some(t)) => {
             // The agent's timeout bounds a turn without progress; the app-server lives on
             // as long as its turn makes some.
-            let text = std::fs::read_to_string(&s.text_file).unwrap_or_default();
+            let text = card.clone();
             let (outcome, detail) = super::codex::converse(
                 &mut child,
                 t,
@@ -872,7 +903,7 @@ pub async fn supervise(s: Supervise) -> i32 {
             (None, outcome, detail)
         }
         (Some(c), _) => {
-            let text = std::fs::read_to_string(&s.text_file).unwrap_or_default();
+            let text = card.clone();
             let talk =
                 super::claude::converse(&mut child, &text, &s.request_id, &log, &mut record_pid);
             if let Ok(turn) = tokio::time::timeout(timeout, talk).await {
@@ -921,8 +952,15 @@ pub async fn supervise(s: Supervise) -> i32 {
             }
         },
     };
-    let _ =
-        store.write(|tx| tx.finish_run(&s.request_id, now(), code, &outcome, detail.as_deref()));
+    if outcome == super::codex::LEAVE_OPEN {
+        // Nobody can say yet how the write ended: the adapter settles the open run later.
+        if let Some(d) = &detail {
+            eprintln!("request {}: left open: {d}", s.request_id);
+        }
+    } else {
+        let _ = store
+            .write(|tx| tx.finish_run(&s.request_id, now(), code, &outcome, detail.as_deref()));
+    }
     cleanup(&s, &lock_file, &log);
     drop(lock);
     0

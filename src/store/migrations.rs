@@ -123,6 +123,8 @@ CREATE TABLE IF NOT EXISTS channels (
 CREATE TABLE IF NOT EXISTS channel_pushes (
     request_id TEXT PRIMARY KEY,
     listener INTEGER NOT NULL,
+    session TEXT NOT NULL,
+    claude_pid INTEGER NOT NULL,
     content TEXT NOT NULL,
     meta TEXT NOT NULL,
     created_at INTEGER NOT NULL,

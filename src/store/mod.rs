@@ -504,6 +504,10 @@ pub struct ChannelRow {
 pub struct PushRow {
     pub request_id: String,
     pub listener: i64,
+    /// The session the card is for: pushed only while the listener's Claude has it open.
+    pub session: String,
+    /// That Claude process: the card's turn lives while it holds the session.
+    pub claude_pid: i64,
     pub content: String,
     /// JSON object of string values: the notification's `meta`.
     pub meta: String,
@@ -515,10 +519,12 @@ fn push_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<PushRow> {
     Ok(PushRow {
         request_id: r.get(0)?,
         listener: r.get(1)?,
-        content: r.get(2)?,
-        meta: r.get(3)?,
-        created_at: r.get(4)?,
-        pushed_at: r.get(5)?,
+        session: r.get(2)?,
+        claude_pid: r.get(3)?,
+        content: r.get(4)?,
+        meta: r.get(5)?,
+        created_at: r.get(6)?,
+        pushed_at: r.get(7)?,
     })
 }
 
@@ -1350,9 +1356,19 @@ impl Tx<'_> {
     /// A card for a channel listener to push.
     pub fn insert_push(&self, p: &PushRow) -> Result<()> {
         self.tx.execute(
-            "INSERT INTO channel_pushes (request_id, listener, content, meta, created_at, pushed_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            params![p.request_id, p.listener, p.content, p.meta, p.created_at, p.pushed_at],
+            "INSERT INTO channel_pushes
+               (request_id, listener, session, claude_pid, content, meta, created_at, pushed_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            params![
+                p.request_id,
+                p.listener,
+                p.session,
+                p.claude_pid,
+                p.content,
+                p.meta,
+                p.created_at,
+                p.pushed_at
+            ],
         )?;
         Ok(())
     }
@@ -1361,7 +1377,8 @@ impl Tx<'_> {
         Ok(self
             .tx
             .prepare_cached(
-                "SELECT request_id, listener, content, meta, created_at, pushed_at
+                "SELECT request_id, listener, session, claude_pid, content, meta, created_at,
+                        pushed_at
                  FROM channel_pushes WHERE request_id = ?1",
             )?
             .query_row([request_id], push_from)
@@ -1371,7 +1388,7 @@ impl Tx<'_> {
     /// The cards waiting for a listener, oldest first.
     pub fn waiting_pushes(&self, listener: i64) -> Result<Vec<PushRow>> {
         let mut st = self.tx.prepare_cached(
-            "SELECT request_id, listener, content, meta, created_at, pushed_at
+            "SELECT request_id, listener, session, claude_pid, content, meta, created_at, pushed_at
              FROM channel_pushes WHERE listener = ?1 AND pushed_at IS NULL ORDER BY created_at",
         )?;
         let rows = st.query_map([listener], push_from)?;

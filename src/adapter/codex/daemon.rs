@@ -18,6 +18,10 @@ pub(crate) type Socket = tokio_tungstenite::WebSocketStream<tokio::net::UnixStre
 /// How long connecting and the WebSocket handshake may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long a question about a thread may take (asked on the engine's pass: a daemon that
+/// hangs must not hold it up).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Where a Codex home's daemon listens.
 pub fn socket_path(home: &Path) -> PathBuf {
     home.join("app-server-control")
@@ -62,11 +66,14 @@ pub(crate) async fn serving(home: &Path, thread: &str) -> Result<Option<Rpc>, St
         return Ok(None);
     };
     let served = async {
-        rpc.hello().await?;
+        tokio::time::timeout(PROBE_TIMEOUT, rpc.hello())
+            .await
+            .map_err(|_| "no answer to initialize".to_owned())??;
         let mut cursor = Value::Null;
         loop {
             let page = rpc
-                .call(
+                .call_within(
+                    PROBE_TIMEOUT,
                     "thread/loaded/list",
                     json!({"cursor": cursor, "limit": 200}),
                 )
@@ -102,7 +109,9 @@ pub(crate) async fn serving(home: &Path, thread: &str) -> Result<Option<Rpc>, St
 /// The thread's `Thread.status` type as the daemon reports it (`idle`, `active`, …), and
 /// what it waits on when active.
 pub(crate) async fn status(rpc: &mut Rpc, thread: &str) -> Result<(String, Vec<String>), String> {
-    let read = rpc.call("thread/read", json!({"threadId": thread})).await?;
+    let read = rpc
+        .call_within(PROBE_TIMEOUT, "thread/read", json!({"threadId": thread}))
+        .await?;
     let status = &read["thread"]["status"];
     let kind = status["type"]
         .as_str()

@@ -285,6 +285,19 @@ impl Rpc {
         }
     }
 
+    /// [`Rpc::call`] within `limit`.
+    async fn call_within(
+        &mut self,
+        limit: Duration,
+        method: &str,
+        params: Value,
+    ) -> Result<Value, String> {
+        match tokio::time::timeout(limit, self.call_unbounded(method, params)).await {
+            Ok(answer) => answer,
+            Err(_) => Err(format!("no answer to {method} in {}s", limit.as_secs())),
+        }
+    }
+
     async fn call_unbounded(&mut self, method: &str, params: Value) -> Result<Value, String> {
         self.next_id += 1;
         let id = self.next_id;
@@ -440,27 +453,40 @@ fn open_log(log: &Path) -> Option<std::fs::File> {
     std::fs::OpenOptions::new().append(true).open(log).ok()
 }
 
-/// A write that may wait in the thread's queue, once we tried to take it out.
+/// A write that may wait in the thread's queue, once we tried to take it out: errored (a
+/// bounded resend) only when it was there and is gone now, unstarted. Otherwise it may have
+/// started (through the daemon a queued message starts within milliseconds): the run is left
+/// open, and the rollout and the daemon settle it (`still_running`), never a resend beside it.
 fn maybe_queued_outcome(
     detail: Option<String>,
-    taken_out: Result<(), String>,
+    taken_out: Result<bool, String>,
 ) -> (String, Option<String>) {
     let detail = detail.unwrap_or_default();
     match taken_out {
-        Ok(()) => (
+        Ok(true) => (
             "errored".to_owned(),
             Some(format!(
                 "{detail}; the message was taken out of the queue unstarted"
             )),
         ),
+        Ok(false) => (
+            LEAVE_OPEN.to_owned(),
+            Some(format!(
+                "{detail}; the message is not in the queue: it may have started"
+            )),
+        ),
         Err(e) => (
-            "errored".to_owned(),
+            LEAVE_OPEN.to_owned(),
             Some(format!(
                 "{detail}; it may still wait in Codex's queue ({e})"
             )),
         ),
     }
 }
+
+/// An outcome the supervisor does not record: nobody can say yet how the write ended, so the
+/// run stays open for `still_running` to judge from the rollout and the daemon.
+pub(crate) const LEAVE_OPEN: &str = "open";
 
 /// An outcome `talk` leaves to `converse`: the message may be in the thread's queue.
 const MAYBE_QUEUED: &str = "maybe-queued";
@@ -533,13 +559,14 @@ async fn stop(child: &mut tokio::process::Child) {
     }
 }
 
-/// Deletes every queued item of the thread that carries `request_id`; `Err` when that could
-/// not be done.
-async fn remove_queued(rpc: &mut Rpc, thread: &Thread, request_id: &str) -> Result<(), String> {
+/// Deletes every queued item of the thread that carries `request_id`: whether one was there
+/// (and is deleted now); `Err` when that could not be done.
+async fn remove_queued(rpc: &mut Rpc, thread: &Thread, request_id: &str) -> Result<bool, String> {
     rpc.hello().await?;
     let listed = rpc
         .call("thread/queue/list", json!({"threadId": thread.id}))
         .await?;
+    let mut deleted = false;
     for item in listed["data"].as_array().into_iter().flatten() {
         if item["clientUserMessageId"] == request_id
             && let Some(id) = item["id"].as_str()
@@ -549,9 +576,10 @@ async fn remove_queued(rpc: &mut Rpc, thread: &Thread, request_id: &str) -> Resu
                 json!({"threadId": thread.id, "queuedSubmissionId": id}),
             )
             .await?;
+            deleted = true;
         }
     }
-    Ok(())
+    Ok(deleted)
 }
 
 /// Whether the thread's queue holds an item carrying `request_id`.
@@ -632,14 +660,25 @@ async fn talk(
     let mut nudged = false;
     let started = tokio::time::Instant::now();
     let mut last_progress = started;
+    // Absolute deadlines: traffic about other threads (the daemon tells every client) must
+    // not put them off.
+    let mut look_at = started + Duration::from_secs(3);
     loop {
-        let wait = if turn.is_none() && !nudged {
-            Duration::from_secs(3)
+        let deadline = if turn.is_none() && !nudged {
+            look_at
         } else {
-            no_progress.saturating_sub(last_progress.elapsed())
+            last_progress + no_progress
         };
-        let msg = match tokio::time::timeout(wait, rpc.next()).await {
+        let msg = match tokio::time::timeout_at(deadline, rpc.next()).await {
             Ok(Some(m)) => m,
+            Ok(None) if rpc.through_daemon() => {
+                // Our connection is gone, not the daemon's turn: the rollout and the daemon
+                // tell later how it ended.
+                return (
+                    LEAVE_OPEN.to_owned(),
+                    Some("the connection to the Codex daemon closed".to_owned()),
+                );
+            }
             Ok(None) if turn.is_none() => {
                 return (
                     MAYBE_QUEUED.to_owned(),
@@ -662,7 +701,9 @@ async fn talk(
                 if !idle {
                     if started.elapsed() > no_progress {
                         nudged = true;
+                        last_progress = started;
                     }
+                    look_at = tokio::time::Instant::now() + Duration::from_secs(3);
                     continue;
                 }
                 nudged = true;
@@ -686,7 +727,7 @@ async fn talk(
                             json!({"threadId": thread.id, "turnId": t}),
                         )
                         .await;
-                    // Let Codex end the turn (and write it down) before the app-server goes.
+                    // Let Codex end the turn (and write it down) before we go.
                     let ended = async {
                         while let Some(m) = rpc.next().await {
                             if m["method"] == "turn/completed" && m["params"]["turn"]["id"] == *t {
@@ -701,28 +742,28 @@ async fn talk(
                     );
                 }
                 // Never started: take it out of the queue, so it cannot run later.
-                if let Some(q) = &queued_id
-                    && rpc
-                        .call(
-                            "thread/queue/delete",
-                            json!({"threadId": thread.id, "queuedSubmissionId": q}),
-                        )
-                        .await
-                        .is_ok()
-                {
+                return match remove_queued(rpc, thread, request_id).await {
                     // Nothing ran, but the engine has its receipt: an errored write (a
                     // bounded resend), never a refusal after a receipt.
-                    return (
+                    Ok(true) => (
                         "errored".to_owned(),
                         Some(format!(
                             "the queued message did not start in {secs}s and was taken out of the queue"
                         )),
-                    );
-                }
-                return (
-                    "errored".to_owned(),
-                    Some(format!("the message did not start in {secs}s")),
-                );
+                    ),
+                    Ok(false) => (
+                        LEAVE_OPEN.to_owned(),
+                        Some(format!(
+                            "the message was not seen to start in {secs}s and is no longer queued"
+                        )),
+                    ),
+                    Err(e) => (
+                        LEAVE_OPEN.to_owned(),
+                        Some(format!(
+                            "the message did not start in {secs}s and could not be taken out of the queue ({e})"
+                        )),
+                    ),
+                };
             }
         };
         let method = msg.get("method").and_then(Value::as_str).unwrap_or("");
@@ -735,6 +776,13 @@ async fn talk(
             continue;
         }
         let params = msg.get("params").cloned().unwrap_or(Value::Null);
+        if params
+            .get("threadId")
+            .and_then(Value::as_str)
+            .is_some_and(|t| t != thread.id)
+        {
+            continue;
+        }
         let turn_id = params
             .get("turnId")
             .and_then(Value::as_str)
@@ -901,6 +949,16 @@ async fn gone_outcome(thread: &Thread, run: &RunRow, now: i64) -> Option<(String
         Found::Open | Found::Absent => {}
     }
     let gone = "its supervisor was gone and the rollout shows no completed turn";
+    // Whatever nobody can tell, the agent's timeout bounds: past it the run is over.
+    let past_timeout = run.ends_at.is_some_and(|end| now > end);
+    let unknown = || {
+        past_timeout.then(|| {
+            (
+                "errored".to_owned(),
+                "no end seen within its timeout; its supervisor was gone".to_owned(),
+            )
+        })
+    };
     let Some(home) = home(thread.home.as_deref()) else {
         return interrupted(gone);
     };
@@ -909,7 +967,7 @@ async fn gone_outcome(thread: &Thread, run: &RunRow, now: i64) -> Option<(String
         // Not in the daemon: the turn died with our app-server.
         Ok(None) => return interrupted(gone),
         // The daemon serves the thread, or not: nobody can tell yet.
-        Err(_) => return None,
+        Err(_) => return unknown(),
     };
     let verdict = async {
         let (status, _) = daemon::status(&mut rpc, &thread.id).await?;
@@ -918,9 +976,7 @@ async fn gone_outcome(thread: &Thread, run: &RunRow, now: i64) -> Option<(String
                 return Ok(interrupted(gone));
             }
             // Its turn runs on in the daemon: the agent's timeout still bounds it.
-            if run.ends_at.is_some_and(|end| now > end)
-                && let Some(t) = &turn
-            {
+            if past_timeout && let Some(t) = &turn {
                 rpc.call(
                     "turn/interrupt",
                     json!({"threadId": thread.id, "turnId": t}),
@@ -952,7 +1008,7 @@ async fn gone_outcome(thread: &Thread, run: &RunRow, now: i64) -> Option<(String
     }
     .await;
     rpc.close().await;
-    verdict.unwrap_or(None)
+    verdict.unwrap_or(None).or_else(unknown)
 }
 
 fn observed_of_found(found: &Found, turn: TurnId) -> Observed {
@@ -1036,7 +1092,9 @@ pub async fn activity(service: &RefCell<Service>, agent: &AgentRow) -> Activity 
     let status = daemon::status(&mut rpc, &thread.id).await;
     rpc.close().await;
     match status {
-        Ok((kind, _)) if kind == "idle" => Activity::Idle,
+        // `systemError` stays on a thread after a failed turn until the next one starts: no
+        // turn is running.
+        Ok((kind, _)) if kind == "idle" || kind == "systemError" => Activity::Idle,
         Ok((kind, flags)) if kind == "active" => Activity::Busy {
             turn: None,
             detail: Some(if flags.is_empty() {
