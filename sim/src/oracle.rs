@@ -20,7 +20,10 @@ pub const GUARD_LAG: Duration = Duration::from_secs(100);
 pub const REMINDER_LAG: Duration = Duration::from_secs(120);
 /// A write may reach a session whose turn began this shortly before it: the send boundary's
 /// check and the write are a few network hops apart. A host that refuses busy writes refuses
-/// it (no harm); a write *taken* during another turn is never forgiven.
+/// it (no harm). A Codex-like or Claude-like host takes it (folded, or forked): that is
+/// forgiven only when the turn began after the engine's last look said idle, the one race a
+/// check-then-write over the command protocol cannot close (the real codex adapter closes it
+/// by writing through Codex's queue; a Claude session offers no such precondition).
 pub const BUSY_RACE: Duration = Duration::from_secs(5);
 
 /// One delivery as stored at the end of the run.
@@ -323,9 +326,8 @@ pub fn g3_never_interrupt(run: &Run) -> Verdict {
         }
         if let Some(since) = w.write.busy_since {
             // A turn that began after the engine's last look said idle, moments before the
-            // write landed, is a race no check-then-write can see (the real Codex adapter
-            // writes through the thread's queue for that reason; the Claude one holds the
-            // session's lock); any other write into a running turn is the engine's.
+            // write landed, is a race no check-then-write can see (see BUSY_RACE); any other
+            // write into a running turn is the engine's.
             let race = w.write.last_answer == Some("idle") && w.write.at <= since + BUSY_RACE;
             if w.write.taken && !race {
                 let (req, at, began) = (short(&w.write.request_id), hms(w.write.at), hms(since));

@@ -1168,7 +1168,7 @@ impl ServerHandler for McpServer {
              in this workspace: claim before you write, pass with a summary when you stop.{channel}",
             agent = self.inner.agent,
             channel = if self.channels {
-                " Handoffs for you also arrive as <channel source=\"handoffs\"> events: each is \
+                " Handoffs for you also arrive as <channel> events from this server: each is \
                  a new task from the agent named in `from`; do it as its own turn, and use \
                  accept_handoff / return_handoff with the message id in `message` when it is work."
             } else {
