@@ -734,3 +734,63 @@ fn a_turn_in_the_daemon_outlives_its_killed_supervisor_and_is_not_resent() {
     assert_eq!(run.outcome.as_deref(), Some("returned"), "{run:?}");
     assert_eq!(c.find(&request), Found::Completed);
 }
+
+/// G3 at the send boundary, against the real CLI: the person's turn starts in the moment
+/// between the engine's last look (idle) and the write. Written through Codex's queue the
+/// handoff waits for that turn and becomes its own; a bare `turn/start` (the planted
+/// `turn_start_only`, whose looks are right) would fold it into the person's turn. The
+/// supervisor is held just before its write (`HANDOFFS_TEST_HOLD_WRITE`, test builds only).
+#[cfg(feature = "planted-bugs")]
+#[test]
+fn a_person_turn_that_starts_between_the_look_and_the_write_is_never_folded_into() {
+    let Some(c) = Codex::new(None) else { return };
+    let daemon = Daemon::start(&c);
+    let mut person = AppServer::connect(&daemon.socket);
+    person
+        .call(
+            "thread/resume",
+            &json!({"threadId": c.thread, "excludeTurns": true}),
+        )
+        .expect("the person opens the thread in the daemon");
+    let hold = c.w.dir.path().join("hold");
+    std::fs::create_dir_all(&hold).unwrap();
+    let mut env = c.env.clone();
+    env.push((
+        "HANDOFFS_TEST_HOLD_WRITE".to_owned(),
+        hold.display().to_string(),
+    ));
+    let _engine = c.w.spawn_engine_env(&env);
+    let id = c.send("written at the wrong moment", None);
+    let start = Instant::now();
+    while !hold.join("ready").exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the write never came\n{}",
+            c.w.unsettled_report()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The engine looked (idle) and is about to write: now the person starts typing.
+    let started = person
+        .call(
+            "turn/start",
+            &json!({"threadId": c.thread, "input": [{"type": "text", "text": "[delay=6] the person's prompt"}]}),
+        )
+        .expect("the person's turn starts");
+    let persons_turn = started["turn"]["id"].as_str().unwrap().to_owned();
+    person.wait_for(
+        |m| m["method"] == "turn/started" && m["params"]["turn"]["id"] == persons_turn.as_str(),
+        Duration::from_secs(30),
+    );
+    std::fs::write(hold.join("go"), "").unwrap();
+    c.wait_state(&id, &["RETURNED", "FAILED"], Duration::from_secs(90));
+    let runs = c.runs(&id);
+    let ours = c.turn_of(&runs[0].0);
+    assert_ne!(
+        ours.as_deref(),
+        Some(persons_turn.as_str()),
+        "G3: the handoff was folded into the person's turn that began between the look and the write"
+    );
+    assert_eq!(c.state(&id), "RETURNED");
+    assert_eq!(runs.len(), 1, "{runs:?}");
+}

@@ -362,6 +362,23 @@ fn answer_to(id: &Value, method: &str, accept: bool) -> Value {
     json!({"id": id, "result": result})
 }
 
+/// Test builds only (`planted-bugs`): with `HANDOFFS_TEST_HOLD_WRITE=DIR` the supervisor says
+/// `DIR/ready` just before it writes and waits for `DIR/go`, so a test can start a person's
+/// turn in the moment between the engine's last look and the write. Elsewhere: nothing.
+async fn hold_before_write(request_id: &str) {
+    if !cfg!(feature = "planted-bugs") {
+        return;
+    }
+    let Some(dir) = std::env::var_os("HANDOFFS_TEST_HOLD_WRITE").map(PathBuf::from) else {
+        return;
+    };
+    let _ = std::fs::write(dir.join("ready"), request_id);
+    let until = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !dir.join("go").exists() && tokio::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// What one supervised Codex write came to, through our own app-server (`child`):
 /// `(outcome, detail)`.
 pub async fn converse(
@@ -633,7 +650,8 @@ async fn talk(
         });
     }
     let input = json!([{"type": "text", "text": text}]);
-    let queued = if crate::planted("turn_start_codex") {
+    hold_before_write(request_id).await;
+    let queued = if crate::planted("turn_start_codex") || crate::planted("turn_start_only") {
         // The planted naive adapter: a bare turn/start, folded into whatever turn runs.
         rpc.call(
             "turn/start",
