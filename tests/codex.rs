@@ -794,3 +794,46 @@ fn a_person_turn_that_starts_between_the_look_and_the_write_is_never_folded_into
     assert_eq!(c.state(&id), "RETURNED");
     assert_eq!(runs.len(), 1, "{runs:?}");
 }
+
+/// A lost answer (the request went out, its answer never came back): nobody can tell whether
+/// the message started, so the write is not called errored and resent; the delivery is
+/// UNCERTAIN, and the rollout shows its turn ran: RETURNED, one write. Through the daemon the
+/// message starts within milliseconds, so it is already out of the queue when the supervisor
+/// looks (`HANDOFFS_TEST_LOSE_ANSWER`, test builds only).
+#[cfg(feature = "planted-bugs")]
+#[test]
+fn a_lost_answer_is_settled_from_the_rollout_and_nothing_is_resent() {
+    let Some(c) = Codex::new(None) else { return };
+    let daemon = Daemon::start(&c);
+    let mut person = AppServer::connect(&daemon.socket);
+    person
+        .call(
+            "thread/resume",
+            &json!({"threadId": c.thread, "excludeTurns": true}),
+        )
+        .expect("the person opens the thread in the daemon");
+    let mut env = c.env.clone();
+    env.push(("HANDOFFS_TEST_LOSE_ANSWER".to_owned(), "1".to_owned()));
+    let _engine = c.w.spawn_engine_env(&env);
+    let id = c.send("[delay=2] an answer that gets lost", None);
+    c.wait_state(
+        &id,
+        &["RETURNED", "FAILED", "CANCELLED"],
+        Duration::from_secs(90),
+    );
+    let runs = c.runs(&id);
+    assert_eq!(
+        runs.len(),
+        1,
+        "G2: a write whose answer was lost was resent: {runs:?}"
+    );
+    assert_eq!(
+        c.state(&id),
+        "RETURNED",
+        "{}\n{runs:?}",
+        c.w.ok(&["status", &id])
+    );
+    assert_eq!(c.find(&runs[0].0), Found::Completed);
+    let events = c.w.ok(&["status", &id]);
+    assert!(events.contains("UNCERTAIN"), "{events}");
+}

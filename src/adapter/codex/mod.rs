@@ -379,6 +379,12 @@ async fn hold_before_write(request_id: &str) {
     }
 }
 
+/// Test builds only (`planted-bugs`): `HANDOFFS_TEST_LOSE_ANSWER=1` sends the write and
+/// never reads its answer, as when the connection drops right after the request went out.
+fn lose_the_answer() -> bool {
+    cfg!(feature = "planted-bugs") && std::env::var_os("HANDOFFS_TEST_LOSE_ANSWER").is_some()
+}
+
 /// What one supervised Codex write came to, through our own app-server (`child`):
 /// `(outcome, detail)`.
 pub async fn converse(
@@ -651,6 +657,26 @@ async fn talk(
     }
     let input = json!([{"type": "text", "text": text}]);
     hold_before_write(request_id).await;
+    if lose_the_answer() {
+        // Test builds only: the write goes out, Codex acts on it (its turn begins), and the
+        // answer is never read.
+        let _ = rpc
+            .send(&json!({"id": -1, "method": "thread/queue/add",
+                "params": {"threadId": thread.id, "input": input, "clientUserMessageId": request_id}}))
+            .await;
+        let began = async {
+            while let Some(m) = rpc.read().await {
+                if m["method"] == "item/started" && m["params"]["item"]["clientId"] == request_id {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(30), began).await;
+        return (
+            MAYBE_QUEUED.to_owned(),
+            Some("the answer to thread/queue/add was lost".to_owned()),
+        );
+    }
     let queued = if crate::planted("turn_start_codex") || crate::planted("turn_start_only") {
         // The planted naive adapter: a bare turn/start, folded into whatever turn runs.
         rpc.call(
@@ -945,6 +971,10 @@ async fn still_running(service: &RefCell<Service>, thread: &Thread, run: &RunRow
     false
 }
 
+/// How long after its write a message that is neither queued nor in the rollout nor running
+/// counts as never started.
+const NEVER_RAN_AFTER_MS: i64 = 30_000;
+
 /// What a run whose supervisor and app-server are gone came to, from the rollout, and from
 /// the daemon when it serves the thread (there the turn, or the queued message, lives on):
 /// `None` while it is not over.
@@ -991,7 +1021,14 @@ async fn gone_outcome(thread: &Thread, run: &RunRow, now: i64) -> Option<(String
         let (status, _) = daemon::status(&mut rpc, &thread.id).await?;
         if found == Found::Open {
             if status != "active" {
-                return Ok(interrupted(gone));
+                // Idle now: the turn ended; the rollout read after that says how.
+                return Ok(match rollout_find(thread, &run.request_id) {
+                    Ok(Found::Completed) => Some((
+                        "returned".to_owned(),
+                        "its supervisor was gone; the rollout shows the turn completed".to_owned(),
+                    )),
+                    _ => interrupted(gone),
+                });
             }
             // Its turn runs on in the daemon: the agent's timeout still bounds it.
             if past_timeout && let Some(t) = &turn {
@@ -1017,10 +1054,15 @@ async fn gone_outcome(thread: &Thread, run: &RunRow, now: i64) -> Option<(String
                     .to_owned(),
             )));
         }
-        // Not queued: its turn may be starting (the thread is busy), else it never ran.
+        // Not queued and not in the rollout: its turn may be starting (a message leaves the
+        // queue before its turn is written down, and the thread turns active), so only a
+        // message missing everywhere for a while never ran.
+        let starting = now.saturating_sub(run.started_at) < NEVER_RAN_AFTER_MS;
         match rollout_find(thread, &run.request_id) {
-            Ok(Found::Absent) if status == "active" => Ok(None),
-            Ok(Found::Absent) => Ok(interrupted(gone)),
+            Ok(Found::Absent) if status == "active" || starting => Ok(None),
+            Ok(Found::Absent) => Ok(interrupted(
+                "its supervisor was gone; the message is neither queued nor in the rollout",
+            )),
             _ => Ok::<_, String>(None),
         }
     }
