@@ -30,6 +30,9 @@ pub const METHOD: &str = "notifications/claude/channel";
 /// How long a write waits for the listener to take its card.
 const TAKE_WAIT: Duration = Duration::from_secs(10);
 
+/// How long after it was queued a card nobody took is taken back, whoever looks.
+const UNTAKEN_LIMIT_MS: i64 = 30_000;
+
 /// How long after a push an idle session may go without the card's prompt in its transcript
 /// before the card counts as never shown.
 const NOT_SHOWN_MS: i64 = 120_000;
@@ -190,7 +193,10 @@ pub fn run_over(
     now: i64,
 ) -> Option<(String, String)> {
     if push.pushed_at.is_none() {
-        if listener_alive(db, push.listener) {
+        // Not taken yet: the write takes it back after TAKE_WAIT; an engine that died before
+        // that leaves it to this look, once the listener had its time.
+        let waited = now.saturating_sub(push.created_at) > UNTAKEN_LIMIT_MS;
+        if listener_alive(db, push.listener) && !waited {
             return None;
         }
         if store
@@ -251,11 +257,9 @@ pub fn run_over(
     // Pushed, but Claude never showed it (channels off, no claude.ai login, or a Claude
     // started without --dangerously-load-development-channels): no prompt names the request
     // while the session sits idle.
-    let shown = matches!(
-        found,
-        Some(Ok(Found::Reply | Found::NoReply | Found::ApiError(_)))
-    );
-    if !shown
+    // A transcript nobody can read says nothing either way.
+    let not_shown = matches!(found, Some(Ok(Found::Absent)));
+    if not_shown
         && holder.status.as_deref() == Some("idle")
         && push
             .pushed_at

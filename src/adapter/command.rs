@@ -494,7 +494,7 @@ pub(crate) async fn start_supervised(
         if gone.is_some() {
             // Recorded but gone before it noted the start: the command may run.
             return WriteOutcome::Failed {
-                detail: "the supervisor ended while starting the command".to_owned(),
+                detail: "the supervisor ended without saying whether the write started".to_owned(),
             };
         }
         if let Ok(code) = exited.try_recv() {
@@ -792,11 +792,14 @@ pub async fn supervise(s: Supervise) -> i32 {
             Duration::from_secs(s.timeout_secs),
         )
         .await;
-        if outcome != super::codex::LEAVE_OPEN {
+        if outcome == super::codex::LEAVE_OPEN {
+            let _ = store.write(|tx| tx.leave_run_open(&s.request_id, now()));
+            if let Some(d) = &detail {
+                eprintln!("request {}: left open: {d}", s.request_id);
+            }
+        } else {
             let _ = store
                 .write(|tx| tx.finish_run(&s.request_id, now(), None, &outcome, detail.as_deref()));
-        } else if let Some(d) = &detail {
-            eprintln!("request {}: left open: {d}", s.request_id);
         }
         cleanup(&s, &lock_file, &log);
         drop(lock);
@@ -954,6 +957,7 @@ pub async fn supervise(s: Supervise) -> i32 {
     };
     if outcome == super::codex::LEAVE_OPEN {
         // Nobody can say yet how the write ended: the adapter settles the open run later.
+        let _ = store.write(|tx| tx.leave_run_open(&s.request_id, now()));
         if let Some(d) = &detail {
             eprintln!("request {}: left open: {d}", s.request_id);
         }

@@ -256,6 +256,9 @@ impl Store {
                 if target == 3 {
                     fill_routes(&tx)?;
                 }
+                if target == 5 {
+                    migrate_5(&tx)?;
+                }
             }
         }
         tx.execute_batch(&format!(
@@ -323,6 +326,35 @@ pub struct AgentRow {
 
 /// Migration 2 → 3: records written before targets carried a route get the route their agent
 /// has now (the best knowledge there is), so an upgrade neither redirects nor strands them.
+/// Schema 5: the card table anew (with the session and the Claude pid), and
+/// `runs.left_open_at` where it is missing.
+fn migrate_5(tx: &rusqlite::Transaction<'_>) -> Result<()> {
+    tx.execute_batch(
+        "DROP TABLE IF EXISTS channel_pushes;
+         CREATE TABLE channel_pushes (
+             request_id TEXT PRIMARY KEY,
+             listener INTEGER NOT NULL,
+             session TEXT NOT NULL,
+             claude_pid INTEGER NOT NULL,
+             content TEXT NOT NULL,
+             meta TEXT NOT NULL,
+             created_at INTEGER NOT NULL,
+             pushed_at INTEGER
+         );
+         CREATE INDEX channel_pushes_waiting ON channel_pushes (listener)
+             WHERE pushed_at IS NULL;",
+    )?;
+    let has: bool = tx.query_row(
+        "SELECT count(*) > 0 FROM pragma_table_info('runs') WHERE name = 'left_open_at'",
+        [],
+        |r| r.get(0),
+    )?;
+    if !has {
+        tx.execute_batch("ALTER TABLE runs ADD COLUMN left_open_at INTEGER;")?;
+    }
+    Ok(())
+}
+
 fn fill_routes(tx: &rusqlite::Transaction<'_>) -> Result<()> {
     let mut rows = Vec::new();
     {
@@ -1290,6 +1322,25 @@ impl Tx<'_> {
             [request_id],
         )?;
         Ok(())
+    }
+
+    /// Notes that the run's supervisor left it open (nobody could tell how its write ended).
+    pub fn leave_run_open(&self, request_id: &str, at: i64) -> Result<()> {
+        self.tx.execute(
+            "UPDATE runs SET left_open_at = ?2 WHERE request_id = ?1 AND outcome IS NULL",
+            params![request_id, at],
+        )?;
+        Ok(())
+    }
+
+    /// When the run's supervisor left it open, if it did.
+    pub fn run_left_open_at(&self, request_id: &str) -> Result<Option<i64>> {
+        Ok(self
+            .tx
+            .prepare_cached("SELECT left_open_at FROM runs WHERE request_id = ?1")?
+            .query_row([request_id], |r| r.get(0))
+            .optional()?
+            .flatten())
     }
 
     /// Records the pid of a run's command once it started.

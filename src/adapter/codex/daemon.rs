@@ -20,7 +20,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long a question about a thread may take (asked on the engine's pass: a daemon that
 /// hangs must not hold it up).
-const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where a Codex home's daemon listens.
 pub fn socket_path(home: &Path) -> PathBuf {

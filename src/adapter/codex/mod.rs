@@ -605,18 +605,6 @@ async fn remove_queued(rpc: &mut Rpc, thread: &Thread, request_id: &str) -> Resu
     Ok(deleted)
 }
 
-/// Whether the thread's queue holds an item carrying `request_id`.
-async fn is_queued(rpc: &mut Rpc, thread: &str, request_id: &str) -> Result<bool, String> {
-    let listed = rpc
-        .call("thread/queue/list", json!({"threadId": thread}))
-        .await?;
-    Ok(listed["data"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .any(|item| item["clientUserMessageId"] == request_id))
-}
-
 async fn talk(
     rpc: &mut Rpc,
     thread: &Thread,
@@ -741,7 +729,10 @@ async fn talk(
                 let idle = rpc
                     .call("thread/read", json!({"threadId": thread.id}))
                     .await
-                    .is_ok_and(|r| r["thread"]["status"]["type"] == "idle");
+                    .is_ok_and(|r| {
+                        let status = &r["thread"]["status"]["type"];
+                        status == "idle" || status == "systemError"
+                    });
                 if !idle {
                     if started.elapsed() > no_progress {
                         nudged = true;
@@ -945,10 +936,14 @@ fn rollout_find_turn(thread: &Thread, request_id: &str) -> Result<(Found, Option
 /// Whether an open run is still going: its supervisor lives, its own app-server does, or
 /// its turn runs on (or its message waits) in the Codex daemon, which outlives a supervisor.
 /// A run that is over is recorded.
-async fn still_running(service: &RefCell<Service>, thread: &Thread, run: &RunRow) -> bool {
-    let (db, now) = {
-        let s = service.borrow();
-        (s.store.path().to_owned(), millis(s.now()))
+async fn still_running(service: &RefCell<Service>, agent: &AgentRow, run: &RunRow) -> bool {
+    let (db, now, left_open_at) = {
+        let mut s = service.borrow_mut();
+        let left = s
+            .store
+            .read(|tx| tx.run_left_open_at(&run.request_id))
+            .unwrap_or(None);
+        (s.store.path().to_owned(), millis(s.now()), left)
     };
     if command::supervisor_alive(&db, &run.request_id) {
         return true;
@@ -959,10 +954,28 @@ async fn still_running(service: &RefCell<Service>, thread: &Thread, run: &RunRow
             "errored".to_owned(),
             "killed after its timeout; its supervisor was gone".to_owned(),
         ),
-        command::Orphan::Gone => match gone_outcome(thread, run, now).await {
-            Some(over) => over,
-            None => return true,
-        },
+        command::Orphan::Gone => {
+            let argv = [
+                setting(agent, "binary").unwrap_or("codex").to_owned(),
+                "app-server".to_owned(),
+            ];
+            let own = Fresh {
+                argv: &argv,
+                cwd: &agent.cwd,
+                no_progress: Duration::ZERO,
+            };
+            let gone = Gone {
+                thread: &thread_of(agent),
+                own: &own,
+                run,
+                now,
+                left_open_at,
+            };
+            match gone.outcome().await {
+                Some(over) => over,
+                None => return true,
+            }
+        }
     };
     let _ = service
         .borrow_mut()
@@ -971,104 +984,189 @@ async fn still_running(service: &RefCell<Service>, thread: &Thread, run: &RunRow
     false
 }
 
-/// How long after its write a message that is neither queued nor in the rollout nor running
-/// counts as never started.
+/// How long after its write (or after its supervisor left it open) a message that is neither
+/// queued nor in the rollout nor running counts as never started: a message leaves the queue
+/// before its turn is written down.
 const NEVER_RAN_AFTER_MS: i64 = 30_000;
 
-/// What a run whose supervisor and app-server are gone came to, from the rollout, and from
-/// the daemon when it serves the thread (there the turn, or the queued message, lives on):
-/// `None` while it is not over.
-async fn gone_outcome(thread: &Thread, run: &RunRow, now: i64) -> Option<(String, String)> {
-    let interrupted = |why: &str| Some(("interrupted".to_owned(), why.to_owned()));
-    let (found, turn) = match rollout_find_turn(thread, &run.request_id) {
-        Ok(found) => found,
-        Err(_) => (Found::Absent, None),
-    };
-    match found {
-        Found::Completed => {
-            return Some((
-                "returned".to_owned(),
-                "its supervisor was gone; the rollout shows the turn completed".to_owned(),
-            ));
+/// How long the questions about an orphaned run may take, all told.
+const ORPHAN_PROBE: Duration = Duration::from_secs(20);
+
+/// A run whose supervisor and app-server are gone, and what is known about it.
+struct Gone<'a> {
+    thread: &'a Thread,
+    /// How an app-server of our own is started (to look into the thread's queue).
+    own: &'a Fresh<'a>,
+    run: &'a RunRow,
+    now: i64,
+    left_open_at: Option<i64>,
+}
+
+impl Gone<'_> {
+    /// What the run came to, from the rollout, then from the daemon when it serves the thread
+    /// (there the turn, or the queued message, lives on), else from the thread's queue through
+    /// an app-server of our own: `None` while it is not over, or nobody can tell yet. What
+    /// nobody can tell is bounded by the agent's timeout, counted from the last sign of life
+    /// (the write, the supervisor leaving it open, the rollout's last change).
+    async fn outcome(&self) -> Option<(String, String)> {
+        let (thread, run, now) = (self.thread, self.run, self.now);
+        let interrupted = |why: &str| Some(("interrupted".to_owned(), why.to_owned()));
+        let (found, turn) = match rollout_find_turn(thread, &run.request_id) {
+            Ok(found) => found,
+            Err(_) => (Found::Absent, None),
+        };
+        match found {
+            Found::Completed => {
+                return Some((
+                    "returned".to_owned(),
+                    "its supervisor was gone; the rollout shows the turn completed".to_owned(),
+                ));
+            }
+            Found::Aborted => {
+                return interrupted(
+                    "its supervisor was gone; the rollout shows the turn interrupted",
+                );
+            }
+            Found::Open | Found::Absent => {}
         }
-        Found::Aborted => {
-            return interrupted("its supervisor was gone; the rollout shows the turn interrupted");
-        }
-        Found::Open | Found::Absent => {}
-    }
-    let gone = "its supervisor was gone and the rollout shows no completed turn";
-    // Whatever nobody can tell, the agent's timeout bounds: past it the run is over.
-    let past_timeout = run.ends_at.is_some_and(|end| now > end);
-    let unknown = || {
-        past_timeout.then(|| {
-            (
-                "errored".to_owned(),
-                "no end seen within its timeout; its supervisor was gone".to_owned(),
-            )
+        let gone = "its supervisor was gone and the rollout shows no completed turn";
+        let timeout = run
+            .ends_at
+            .map_or(3_600_000, |end| end.saturating_sub(run.started_at));
+        let written = run.started_at.max(self.left_open_at.unwrap_or(0));
+        let last_sign = written.max(rollout_modified_ms(thread).unwrap_or(0));
+        let past_timeout = now > last_sign.saturating_add(timeout);
+        let starting = now.saturating_sub(written) < NEVER_RAN_AFTER_MS;
+        let unknown = || {
+            (past_timeout && !starting).then(|| {
+                (
+                    "errored".to_owned(),
+                    "no end seen within its timeout; its supervisor was gone".to_owned(),
+                )
+            })
+        };
+        let Some(home) = home(thread.home.as_deref()) else {
+            return interrupted(gone);
+        };
+        let verdict = tokio::time::timeout(ORPHAN_PROBE, async {
+            let mut rpc = match daemon::serving(&home, &thread.id).await {
+                Ok(Some(rpc)) => rpc,
+                // Not in the daemon: a turn died with our app-server.
+                Ok(None) if found == Found::Open => return Ok(interrupted(gone)),
+                // Never seen to start: it may wait in the thread's queue on disk, and would
+                // run the next time anyone loads the thread, beside a resend. Look there.
+                Ok(None) => return self.ask_own_queue(starting).await,
+                Err(e) => return Err(e),
+            };
+            let v = self
+                .ask_daemon(&mut rpc, found, turn.as_deref(), past_timeout, starting)
+                .await;
+            rpc.close().await;
+            v
         })
-    };
-    let Some(home) = home(thread.home.as_deref()) else {
-        return interrupted(gone);
-    };
-    let mut rpc = match daemon::serving(&home, &thread.id).await {
-        Ok(Some(rpc)) => rpc,
-        // Not in the daemon: the turn died with our app-server.
-        Ok(None) => return interrupted(gone),
-        // The daemon serves the thread, or not: nobody can tell yet.
-        Err(_) => return unknown(),
-    };
-    let verdict = async {
-        let (status, _) = daemon::status(&mut rpc, &thread.id).await?;
+        .await;
+        match verdict {
+            Ok(Ok(v)) => v,
+            _ => None,
+        }
+        .or_else(unknown)
+    }
+
+    async fn ask_daemon(
+        &self,
+        rpc: &mut Rpc,
+        found: Found,
+        turn: Option<&str>,
+        past_timeout: bool,
+        starting: bool,
+    ) -> Result<Option<(String, String)>, String> {
+        let (thread, run) = (self.thread, self.run);
+        let gone = "its supervisor was gone and the rollout shows no completed turn";
+        let (status, _) = daemon::status(rpc, &thread.id).await?;
         if found == Found::Open {
             if status != "active" {
-                // Idle now: the turn ended; the rollout read after that says how.
+                // The turn ended; the rollout read after that says how.
                 return Ok(match rollout_find(thread, &run.request_id) {
                     Ok(Found::Completed) => Some((
                         "returned".to_owned(),
                         "its supervisor was gone; the rollout shows the turn completed".to_owned(),
                     )),
-                    _ => interrupted(gone),
+                    _ => Some(("interrupted".to_owned(), gone.to_owned())),
                 });
             }
             // Its turn runs on in the daemon: the agent's timeout still bounds it.
-            if past_timeout && let Some(t) = &turn {
-                rpc.call(
+            if past_timeout && let Some(t) = turn {
+                rpc.call_within(
+                    daemon::PROBE_TIMEOUT,
                     "turn/interrupt",
                     json!({"threadId": thread.id, "turnId": t}),
                 )
                 .await?;
                 return Ok(Some((
                     "errored".to_owned(),
-                    "interrupted at its timeout; its supervisor was gone".to_owned(),
+                    "interrupted after its timeout without progress; its supervisor was gone"
+                        .to_owned(),
                 )));
             }
             return Ok(None);
         }
-        if is_queued(&mut rpc, &thread.id, &run.request_id).await? {
-            // Waiting in the daemon's queue with nobody to watch it: taken out, never run
-            // beside a resend.
-            remove_queued(&mut rpc, thread, &run.request_id).await?;
+        // Waiting in the daemon's queue with nobody to watch it: taken out, never run beside
+        // a resend. Not there: it may have started meanwhile.
+        if remove_queued(rpc, thread, &run.request_id).await? {
             return Ok(Some((
                 "errored".to_owned(),
                 "its supervisor was gone; the message was taken out of the queue unstarted"
                     .to_owned(),
             )));
         }
-        // Not queued and not in the rollout: its turn may be starting (a message leaves the
-        // queue before its turn is written down, and the thread turns active), so only a
-        // message missing everywhere for a while never ran.
-        let starting = now.saturating_sub(run.started_at) < NEVER_RAN_AFTER_MS;
         match rollout_find(thread, &run.request_id) {
             Ok(Found::Absent) if status == "active" || starting => Ok(None),
-            Ok(Found::Absent) => Ok(interrupted(
-                "its supervisor was gone; the message is neither queued nor in the rollout",
-            )),
-            _ => Ok::<_, String>(None),
+            Ok(Found::Absent) => Ok(Some((
+                "interrupted".to_owned(),
+                "its supervisor was gone; the message is neither queued nor in the rollout"
+                    .to_owned(),
+            ))),
+            _ => Ok(None),
         }
     }
-    .await;
-    rpc.close().await;
-    verdict.unwrap_or(None).or_else(unknown)
+
+    /// A message never seen to start, on a thread no daemon serves: taken out of the thread's
+    /// queue through an app-server of our own. `Err` (kept open) while that cannot be done.
+    async fn ask_own_queue(&self, starting: bool) -> Result<Option<(String, String)>, String> {
+        let (thread, run) = (self.thread, self.run);
+        let (mut child, mut rpc) = own_app_server(self.own, thread).await?;
+        let removed = remove_queued(&mut rpc, thread, &run.request_id).await;
+        rpc.close().await;
+        stop(&mut child).await;
+        Ok(match removed? {
+            true => Some((
+                "errored".to_owned(),
+                "its supervisor was gone; the message was taken out of the queue unstarted"
+                    .to_owned(),
+            )),
+            false if starting => None,
+            false => match rollout_find(thread, &run.request_id) {
+                Ok(Found::Absent) => Some((
+                    "interrupted".to_owned(),
+                    "its supervisor was gone; the message is neither queued nor in the rollout"
+                        .to_owned(),
+                )),
+                _ => None,
+            },
+        })
+    }
+}
+
+/// When the thread's rollout last changed (a running turn writes to it as it goes).
+fn rollout_modified_ms(thread: &Thread) -> Option<i64> {
+    let home = home(thread.home.as_deref())?;
+    let path = doctor::find_rollout(&home.join("sessions"), &thread.id)?;
+    let modified = std::fs::metadata(path).ok()?.modified().ok()?;
+    let ms = modified
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?
+        .as_millis();
+    i64::try_from(ms).ok()
 }
 
 fn observed_of_found(found: &Found, turn: TurnId) -> Observed {
@@ -1100,7 +1198,7 @@ pub async fn activity(service: &RefCell<Service>, agent: &AgentRow) -> Activity 
         }
     };
     for run in open {
-        if still_running(service, &thread, &run).await {
+        if still_running(service, agent, &run).await {
             return Activity::Busy {
                 turn: Some(TurnId::new(&run.request_id)),
                 detail: None,
@@ -1217,7 +1315,7 @@ pub async fn observe(service: &RefCell<Service>, agent: &AgentRow, request_id: &
                     detail: "the write is starting".to_owned(),
                 };
             }
-            if still_running(service, &thread, &run).await {
+            if still_running(service, agent, &run).await {
                 return command::observed_of(&run, true);
             }
             let fresh = service.borrow_mut().store.read(|tx| tx.run(request_id));
