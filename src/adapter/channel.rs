@@ -170,9 +170,16 @@ fn take_back(service: &RefCell<Service>, request_id: &str, listener: i64) -> Wri
     });
     match withdrawn {
         Ok(true) => WriteOutcome::Refused { detail },
-        Ok(false) => WriteOutcome::Receipt {
-            turn: TurnId::new(request_id),
-            request_id: Some(RequestId::new(request_id)),
+        // Not there to take back: taken (a receipt), or taken back by another look (refused).
+        Ok(false) => match s.store.read(|tx| tx.push(request_id)) {
+            Ok(Some(p)) if p.pushed_at.is_some() => WriteOutcome::Receipt {
+                turn: TurnId::new(request_id),
+                request_id: Some(RequestId::new(request_id)),
+            },
+            Ok(_) => WriteOutcome::Refused { detail },
+            Err(e) => WriteOutcome::Failed {
+                detail: e.to_string(),
+            },
         },
         Err(e) => WriteOutcome::Failed {
             detail: e.to_string(),
@@ -257,8 +264,15 @@ pub fn run_over(
     // Pushed, but Claude never showed it (channels off, no claude.ai login, or a Claude
     // started without --dangerously-load-development-channels): no prompt names the request
     // while the session sits idle.
-    // A transcript nobody can read says nothing either way.
-    let not_shown = matches!(found, Some(Ok(Found::Absent)));
+    // A transcript nobody can read says nothing either way; one that changed lately may be
+    // about to show it (Claude shows a card once the person's turn ends).
+    let quiet = claude::transcript_path(session, cwd)
+        .and_then(|p| std::fs::metadata(p).ok())
+        .and_then(|m| m.modified().ok())
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .and_then(|d| i64::try_from(d.as_millis()).ok())
+        .is_none_or(|changed| now > changed.saturating_add(NOT_SHOWN_MS));
+    let not_shown = matches!(found, Some(Ok(Found::Absent))) && quiet;
     if not_shown
         && holder.status.as_deref() == Some("idle")
         && push

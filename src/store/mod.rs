@@ -324,37 +324,50 @@ pub struct AgentRow {
     pub updated_at: i64,
 }
 
-/// Migration 2 → 3: records written before targets carried a route get the route their agent
-/// has now (the best knowledge there is), so an upgrade neither redirects nor strands them.
-/// Schema 5: the card table anew (with the session and the Claude pid), and
-/// `runs.left_open_at` where it is missing.
+/// Schema 5: cards name their session and Claude process (rows kept, filled from their
+/// channel; a card without one that was never pushed is dropped: nothing was written), and
+/// runs get `left_open_at` and `missing_since`, each only where it is missing.
 fn migrate_5(tx: &rusqlite::Transaction<'_>) -> Result<()> {
-    tx.execute_batch(
-        "DROP TABLE IF EXISTS channel_pushes;
-         CREATE TABLE channel_pushes (
-             request_id TEXT PRIMARY KEY,
-             listener INTEGER NOT NULL,
-             session TEXT NOT NULL,
-             claude_pid INTEGER NOT NULL,
-             content TEXT NOT NULL,
-             meta TEXT NOT NULL,
-             created_at INTEGER NOT NULL,
-             pushed_at INTEGER
-         );
-         CREATE INDEX channel_pushes_waiting ON channel_pushes (listener)
-             WHERE pushed_at IS NULL;",
-    )?;
-    let has: bool = tx.query_row(
-        "SELECT count(*) > 0 FROM pragma_table_info('runs') WHERE name = 'left_open_at'",
-        [],
-        |r| r.get(0),
-    )?;
-    if !has {
-        tx.execute_batch("ALTER TABLE runs ADD COLUMN left_open_at INTEGER;")?;
+    let column = |table: &str, name: &str| -> Result<bool> {
+        Ok(tx.query_row(
+            &format!("SELECT count(*) > 0 FROM pragma_table_info('{table}') WHERE name = ?1"),
+            [name],
+            |r| r.get(0),
+        )?)
+    };
+    if !column("channel_pushes", "session")? {
+        tx.execute_batch(
+            "CREATE TABLE channel_pushes_5 (
+                 request_id TEXT PRIMARY KEY,
+                 listener INTEGER NOT NULL,
+                 session TEXT NOT NULL,
+                 claude_pid INTEGER NOT NULL,
+                 content TEXT NOT NULL,
+                 meta TEXT NOT NULL,
+                 created_at INTEGER NOT NULL,
+                 pushed_at INTEGER
+             );
+             INSERT INTO channel_pushes_5
+               SELECT p.request_id, p.listener, coalesce(c.session, ''), coalesce(c.claude_pid, 0),
+                      p.content, p.meta, p.created_at, p.pushed_at
+               FROM channel_pushes p LEFT JOIN channels c ON c.pid = p.listener
+               WHERE c.pid IS NOT NULL OR p.pushed_at IS NOT NULL;
+             DROP TABLE channel_pushes;
+             ALTER TABLE channel_pushes_5 RENAME TO channel_pushes;
+             CREATE INDEX IF NOT EXISTS channel_pushes_waiting ON channel_pushes (listener)
+                 WHERE pushed_at IS NULL;",
+        )?;
+    }
+    for name in ["left_open_at", "missing_since"] {
+        if !column("runs", name)? {
+            tx.execute_batch(&format!("ALTER TABLE runs ADD COLUMN {name} INTEGER;"))?;
+        }
     }
     Ok(())
 }
 
+/// Migration 2 → 3: records written before targets carried a route get the route their agent
+/// has now (the best knowledge there is), so an upgrade neither redirects nor strands them.
 fn fill_routes(tx: &rusqlite::Transaction<'_>) -> Result<()> {
     let mut rows = Vec::new();
     {
@@ -1333,14 +1346,24 @@ impl Tx<'_> {
         Ok(())
     }
 
-    /// When the run's supervisor left it open, if it did.
-    pub fn run_left_open_at(&self, request_id: &str) -> Result<Option<i64>> {
+    /// When the run's supervisor left it open, and since when its message was seen nowhere.
+    pub fn run_marks(&self, request_id: &str) -> Result<(Option<i64>, Option<i64>)> {
         Ok(self
             .tx
-            .prepare_cached("SELECT left_open_at FROM runs WHERE request_id = ?1")?
-            .query_row([request_id], |r| r.get(0))
+            .prepare_cached("SELECT left_open_at, missing_since FROM runs WHERE request_id = ?1")?
+            .query_row([request_id], |r| Ok((r.get(0)?, r.get(1)?)))
             .optional()?
-            .flatten())
+            .unwrap_or((None, None)))
+    }
+
+    /// Notes since when an open run's message was seen nowhere (kept from the first look).
+    pub fn mark_run_missing(&self, request_id: &str, at: i64) -> Result<()> {
+        self.tx.execute(
+            "UPDATE runs SET missing_since = coalesce(missing_since, ?2)
+             WHERE request_id = ?1 AND outcome IS NULL",
+            params![request_id, at],
+        )?;
+        Ok(())
     }
 
     /// Records the pid of a run's command once it started.

@@ -428,10 +428,9 @@ pub async fn converse(
     // The message may wait in Codex's queue (which keeps it on disk and would run it later,
     // beside any resend): take it out through a fresh app-server before saying anything.
     let taken_out = match own_app_server(fresh, thread).await {
-        Ok((mut child, mut rpc)) => {
-            let r = remove_queued(&mut rpc, thread, request_id).await;
-            rpc.close().await;
-            stop(&mut child).await;
+        Ok(mut server) => {
+            let r = remove_queued(&mut server.rpc, thread, request_id).await;
+            server.stop().await;
             r
         }
         Err(e) => Err(e),
@@ -523,11 +522,34 @@ pub struct Fresh<'a> {
     pub no_progress: Duration,
 }
 
-/// A new app-server of our own, spoken to and introduced, with the thread resumed.
-async fn own_app_server(
-    fresh: &Fresh<'_>,
-    thread: &Thread,
-) -> Result<(tokio::process::Child, Rpc), String> {
+/// An app-server of our own for looking into a thread's queue: introduced, but the thread is
+/// never loaded (`thread/resume` would start what is queued). Its process group is killed if
+/// it is dropped before it was stopped (a probe that ran out of time).
+struct OwnServer {
+    child: tokio::process::Child,
+    rpc: Rpc,
+    stopped: bool,
+}
+
+impl OwnServer {
+    async fn stop(mut self) {
+        self.rpc.close().await;
+        stop(&mut self.child).await;
+        self.stopped = true;
+    }
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        if !self.stopped
+            && let Some(pid) = self.child.id().and_then(|p| i32::try_from(p).ok())
+        {
+            command::kill_group(pid);
+        }
+    }
+}
+
+async fn own_app_server(fresh: &Fresh<'_>, thread: &Thread) -> Result<OwnServer, String> {
     let (program, args) = fresh.argv.split_first().ok_or("no program")?;
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(args)
@@ -549,21 +571,15 @@ async fn own_app_server(
         stop(&mut child).await;
         return Err("no pipes".to_owned());
     };
-    let mut rpc = Rpc::pipe(stdin, stdout, None);
-    let ready = async {
-        rpc.hello().await?;
-        rpc.call(
-            "thread/resume",
-            json!({"threadId": thread.id, "excludeTurns": true}),
-        )
-        .await
-    }
-    .await;
-    match ready {
-        Ok(_) => Ok((child, rpc)),
+    let mut server = OwnServer {
+        child,
+        rpc: Rpc::pipe(stdin, stdout, None),
+        stopped: false,
+    };
+    match server.rpc.hello().await {
+        Ok(_) => Ok(server),
         Err(e) => {
-            rpc.close().await;
-            stop(&mut child).await;
+            server.stop().await;
             Err(e)
         }
     }
@@ -594,12 +610,15 @@ async fn remove_queued(rpc: &mut Rpc, thread: &Thread, request_id: &str) -> Resu
         if item["clientUserMessageId"] == request_id
             && let Some(id) = item["id"].as_str()
         {
-            rpc.call(
-                "thread/queue/delete",
-                json!({"threadId": thread.id, "queuedSubmissionId": id}),
-            )
-            .await?;
-            deleted = true;
+            // `deleted: false`: it left the queue between the list and the delete (it may
+            // be starting).
+            let answer = rpc
+                .call(
+                    "thread/queue/delete",
+                    json!({"threadId": thread.id, "queuedSubmissionId": id}),
+                )
+                .await?;
+            deleted |= answer["deleted"] == true;
         }
     }
     Ok(deleted)
@@ -933,28 +952,64 @@ fn rollout_find_turn(thread: &Thread, request_id: &str) -> Result<(Found, Option
     find_turn(&home, &thread.id, request_id)
 }
 
-/// Whether an open run is still going: its supervisor lives, its own app-server does, or
-/// its turn runs on (or its message waits) in the Codex daemon, which outlives a supervisor.
-/// A run that is over is recorded.
+/// Where an open run stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Standing {
+    /// Its supervisor, its app-server or its turn lives on.
+    Going,
+    /// Over (and now recorded): outcome and why.
+    Over(String, String),
+    /// Nobody can tell how its write ended: it stays open, its delivery is not observable,
+    /// and only a person (honest release) or a later answer ends it. Never a resend.
+    Unknown(String),
+}
+
+/// How often an orphaned run is probed (each probe may ask the daemon or start an
+/// app-server); between probes its last standing holds.
+const PROBE_EVERY: Duration = Duration::from_secs(15);
+
+/// The last probe of each orphaned run (this process's memory: a restarted engine probes
+/// again at once).
+static PROBED: std::sync::Mutex<
+    Option<std::collections::HashMap<String, (std::time::Instant, Standing)>>,
+> = std::sync::Mutex::new(None);
+
+/// Whether an open run is still going (see [`standing`]); what nobody can tell counts as going.
 async fn still_running(service: &RefCell<Service>, agent: &AgentRow, run: &RunRow) -> bool {
-    let (db, now, left_open_at) = {
+    !matches!(standing(service, agent, run).await, Standing::Over(..))
+}
+
+/// Where an open run stands: its supervisor lives, its own app-server does, or its turn runs
+/// on (or its message waits) in the Codex daemon, which outlives a supervisor. A run that is
+/// over is recorded.
+async fn standing(service: &RefCell<Service>, agent: &AgentRow, run: &RunRow) -> Standing {
+    let (db, now, marks) = {
         let mut s = service.borrow_mut();
-        let left = s
+        let marks = s
             .store
-            .read(|tx| tx.run_left_open_at(&run.request_id))
-            .unwrap_or(None);
-        (s.store.path().to_owned(), millis(s.now()), left)
+            .read(|tx| tx.run_marks(&run.request_id))
+            .unwrap_or((None, None));
+        (s.store.path().to_owned(), millis(s.now()), marks)
     };
     if command::supervisor_alive(&db, &run.request_id) {
-        return true;
+        return Standing::Going;
     }
-    let (outcome, detail) = match command::orphan(run, now) {
-        command::Orphan::Running => return true,
-        command::Orphan::KilledAtTimeout => (
+    let judged = match command::orphan(run, now) {
+        command::Orphan::Running => return Standing::Going,
+        command::Orphan::KilledAtTimeout => Judged::Over(
             "errored".to_owned(),
             "killed after its timeout; its supervisor was gone".to_owned(),
         ),
         command::Orphan::Gone => {
+            let cached = PROBED.lock().ok().and_then(|m| {
+                m.as_ref()?
+                    .get(&run.request_id)
+                    .filter(|(at, _)| at.elapsed() < PROBE_EVERY)
+                    .map(|(_, st)| st.clone())
+            });
+            if let Some(st) = cached {
+                return st;
+            }
             let argv = [
                 setting(agent, "binary").unwrap_or("codex").to_owned(),
                 "app-server".to_owned(),
@@ -969,24 +1024,62 @@ async fn still_running(service: &RefCell<Service>, agent: &AgentRow, run: &RunRo
                 own: &own,
                 run,
                 now,
-                left_open_at,
+                left_open_at: marks.0,
             };
-            match gone.outcome().await {
-                Some(over) => over,
-                None => return true,
-            }
+            gone.judge().await
         }
     };
-    let _ = service
-        .borrow_mut()
-        .store
-        .write(|tx| tx.finish_run(&run.request_id, now, None, &outcome, Some(&detail)));
-    false
+    let standing = match judged {
+        Judged::Going => Standing::Going,
+        Judged::Unknown(why) => Standing::Unknown(why),
+        Judged::Over(o, d) => Standing::Over(o, d),
+        // Seen nowhere: never started, once two looks at least NEVER_RAN_AFTER apart agree
+        // (a message leaves the queue before its turn is written down).
+        Judged::Missing => match marks.1 {
+            Some(since) if now.saturating_sub(since) >= NEVER_RAN_AFTER_MS => Standing::Over(
+                "interrupted".to_owned(),
+                "its supervisor was gone; the message was neither queued, nor running, nor in the rollout in two looks 30 s apart".to_owned(),
+            ),
+            Some(_) => Standing::Going,
+            None => {
+                let _ = service
+                    .borrow_mut()
+                    .store
+                    .write(|tx| tx.mark_run_missing(&run.request_id, now));
+                Standing::Going
+            }
+        },
+    };
+    if let Ok(mut m) = PROBED.lock() {
+        let m = m.get_or_insert_with(Default::default);
+        m.retain(|_, (at, _)| at.elapsed() < PROBE_EVERY);
+        if !matches!(standing, Standing::Over(..)) {
+            m.insert(
+                run.request_id.clone(),
+                (std::time::Instant::now(), standing.clone()),
+            );
+        }
+    }
+    if let Standing::Over(outcome, detail) = &standing {
+        let _ = service
+            .borrow_mut()
+            .store
+            .write(|tx| tx.finish_run(&run.request_id, now, None, outcome, Some(detail)));
+    }
+    standing
 }
 
-/// How long after its write (or after its supervisor left it open) a message that is neither
-/// queued nor in the rollout nor running counts as never started: a message leaves the queue
-/// before its turn is written down.
+/// What one look at an orphaned run found.
+enum Judged {
+    Going,
+    Over(String, String),
+    Unknown(String),
+    /// Neither queued, nor running, nor in the rollout, on a thread nobody is busy with.
+    Missing,
+}
+
+/// How long two looks that see a message nowhere must be apart before it counts as never
+/// started.
 const NEVER_RAN_AFTER_MS: i64 = 30_000;
 
 /// How long the questions about an orphaned run may take, all told.
@@ -1003,73 +1096,65 @@ struct Gone<'a> {
 }
 
 impl Gone<'_> {
-    /// What the run came to, from the rollout, then from the daemon when it serves the thread
-    /// (there the turn, or the queued message, lives on), else from the thread's queue through
-    /// an app-server of our own: `None` while it is not over, or nobody can tell yet. What
-    /// nobody can tell is bounded by the agent's timeout, counted from the last sign of life
-    /// (the write, the supervisor leaving it open, the rollout's last change).
-    async fn outcome(&self) -> Option<(String, String)> {
+    /// One look: the rollout, then the daemon when it serves the thread (there the turn, or
+    /// the queued message, lives on), else the thread's writer lock and its queue on disk.
+    /// Whatever cannot be told stays unknown: never an outcome that resends beside a message
+    /// that may still run.
+    async fn judge(&self) -> Judged {
         let (thread, run, now) = (self.thread, self.run, self.now);
-        let interrupted = |why: &str| Some(("interrupted".to_owned(), why.to_owned()));
         let (found, turn) = match rollout_find_turn(thread, &run.request_id) {
             Ok(found) => found,
-            Err(_) => (Found::Absent, None),
+            Err(e) => return Judged::Unknown(e),
         };
         match found {
             Found::Completed => {
-                return Some((
+                return Judged::Over(
                     "returned".to_owned(),
                     "its supervisor was gone; the rollout shows the turn completed".to_owned(),
-                ));
+                );
             }
             Found::Aborted => {
-                return interrupted(
-                    "its supervisor was gone; the rollout shows the turn interrupted",
+                return Judged::Over(
+                    "interrupted".to_owned(),
+                    "its supervisor was gone; the rollout shows the turn interrupted".to_owned(),
                 );
             }
             Found::Open | Found::Absent => {}
         }
-        let gone = "its supervisor was gone and the rollout shows no completed turn";
+        // The agent's timeout, counted from the last sign of life (the write, the supervisor
+        // leaving it open, the rollout's last change), bounds a turn still running.
         let timeout = run
             .ends_at
             .map_or(3_600_000, |end| end.saturating_sub(run.started_at));
-        let written = run.started_at.max(self.left_open_at.unwrap_or(0));
-        let last_sign = written.max(rollout_modified_ms(thread).unwrap_or(0));
+        let last_sign = run
+            .started_at
+            .max(self.left_open_at.unwrap_or(0))
+            .max(rollout_modified_ms(thread).unwrap_or(0));
         let past_timeout = now > last_sign.saturating_add(timeout);
-        let starting = now.saturating_sub(written) < NEVER_RAN_AFTER_MS;
-        let unknown = || {
-            (past_timeout && !starting).then(|| {
-                (
-                    "errored".to_owned(),
-                    "no end seen within its timeout; its supervisor was gone".to_owned(),
-                )
-            })
-        };
         let Some(home) = home(thread.home.as_deref()) else {
-            return interrupted(gone);
+            return Judged::Unknown("no Codex home".to_owned());
         };
-        let verdict = tokio::time::timeout(ORPHAN_PROBE, async {
-            let mut rpc = match daemon::serving(&home, &thread.id).await {
-                Ok(Some(rpc)) => rpc,
-                // Not in the daemon: a turn died with our app-server.
-                Ok(None) if found == Found::Open => return Ok(interrupted(gone)),
-                // Never seen to start: it may wait in the thread's queue on disk, and would
-                // run the next time anyone loads the thread, beside a resend. Look there.
-                Ok(None) => return self.ask_own_queue(starting).await,
-                Err(e) => return Err(e),
-            };
-            let v = self
-                .ask_daemon(&mut rpc, found, turn.as_deref(), past_timeout, starting)
-                .await;
-            rpc.close().await;
-            v
+        let look = tokio::time::timeout(ORPHAN_PROBE, async {
+            match daemon::serving(&home, &thread.id).await? {
+                Some(mut rpc) => {
+                    let v = self
+                        .ask_daemon(&mut rpc, found, turn.as_deref(), past_timeout)
+                        .await;
+                    rpc.close().await;
+                    v
+                }
+                None => self.ask_lock_and_queue(&home, found).await,
+            }
         })
         .await;
-        match verdict {
-            Ok(Ok(v)) => v,
-            _ => None,
+        match look {
+            Ok(Ok(j)) => j,
+            Ok(Err(e)) => Judged::Unknown(e),
+            Err(_) => Judged::Unknown(format!(
+                "no answer about the thread in {}s",
+                ORPHAN_PROBE.as_secs()
+            )),
         }
-        .or_else(unknown)
     }
 
     async fn ask_daemon(
@@ -1078,23 +1163,25 @@ impl Gone<'_> {
         found: Found,
         turn: Option<&str>,
         past_timeout: bool,
-        starting: bool,
-    ) -> Result<Option<(String, String)>, String> {
+    ) -> Result<Judged, String> {
         let (thread, run) = (self.thread, self.run);
-        let gone = "its supervisor was gone and the rollout shows no completed turn";
-        let (status, _) = daemon::status(rpc, &thread.id).await?;
         if found == Found::Open {
+            let (status, _) = daemon::status(rpc, &thread.id).await?;
             if status != "active" {
                 // The turn ended; the rollout read after that says how.
                 return Ok(match rollout_find(thread, &run.request_id) {
-                    Ok(Found::Completed) => Some((
+                    Ok(Found::Completed) => Judged::Over(
                         "returned".to_owned(),
                         "its supervisor was gone; the rollout shows the turn completed".to_owned(),
-                    )),
-                    _ => Some(("interrupted".to_owned(), gone.to_owned())),
+                    ),
+                    _ => Judged::Over(
+                        "interrupted".to_owned(),
+                        "its supervisor was gone and its turn ended without completing".to_owned(),
+                    ),
                 });
             }
-            // Its turn runs on in the daemon: the agent's timeout still bounds it.
+            // Its turn runs on in the daemon: the agent's timeout still bounds it (Codex
+            // refuses to interrupt a turn that is not the running one).
             if past_timeout && let Some(t) = turn {
                 rpc.call_within(
                     daemon::PROBE_TIMEOUT,
@@ -1102,57 +1189,66 @@ impl Gone<'_> {
                     json!({"threadId": thread.id, "turnId": t}),
                 )
                 .await?;
-                return Ok(Some((
+                return Ok(Judged::Over(
                     "errored".to_owned(),
                     "interrupted after its timeout without progress; its supervisor was gone"
                         .to_owned(),
-                )));
+                ));
             }
-            return Ok(None);
+            return Ok(Judged::Going);
         }
-        // Waiting in the daemon's queue with nobody to watch it: taken out, never run beside
-        // a resend. Not there: it may have started meanwhile.
+        // Never seen to start. Still queued: taken out (never run beside a resend). Else it
+        // may be starting; the queue first, then the status, then the rollout.
         if remove_queued(rpc, thread, &run.request_id).await? {
-            return Ok(Some((
+            return Ok(Judged::Over(
                 "errored".to_owned(),
                 "its supervisor was gone; the message was taken out of the queue unstarted"
                     .to_owned(),
-            )));
+            ));
         }
-        match rollout_find(thread, &run.request_id) {
-            Ok(Found::Absent) if status == "active" || starting => Ok(None),
-            Ok(Found::Absent) => Ok(Some((
-                "interrupted".to_owned(),
-                "its supervisor was gone; the message is neither queued nor in the rollout"
-                    .to_owned(),
-            ))),
-            _ => Ok(None),
-        }
+        let (status, _) = daemon::status(rpc, &thread.id).await?;
+        Ok(match rollout_find(thread, &run.request_id) {
+            Ok(Found::Absent) if status == "active" => Judged::Going,
+            Ok(Found::Absent) => Judged::Missing,
+            Ok(_) => Judged::Going,
+            Err(e) => Judged::Unknown(e),
+        })
     }
 
-    /// A message never seen to start, on a thread no daemon serves: taken out of the thread's
-    /// queue through an app-server of our own. `Err` (kept open) while that cannot be done.
-    async fn ask_own_queue(&self, starting: bool) -> Result<Option<(String, String)>, String> {
+    /// No daemon serves the thread. Held by another process: that one may run (or have run)
+    /// our message, and nobody else can tell. Held by nobody: a turn that began died with our
+    /// app-server, and a message never seen to start is looked for in the thread's queue on
+    /// disk, through an app-server of our own that does not load the thread (loading it would
+    /// start what is queued).
+    async fn ask_lock_and_queue(&self, home: &Path, found: Found) -> Result<Judged, String> {
         let (thread, run) = (self.thread, self.run);
-        let (mut child, mut rpc) = own_app_server(self.own, thread).await?;
-        let removed = remove_queued(&mut rpc, thread, &run.request_id).await;
-        rpc.close().await;
-        stop(&mut child).await;
-        Ok(match removed? {
-            true => Some((
+        let holders = lock_holders_checked(&writer_lock(home, &thread.id))?;
+        if let Some(pid) = holders.first() {
+            return Ok(Judged::Unknown(format!(
+                "thread {} is open in Codex process {pid}, which may run the message",
+                thread.id
+            )));
+        }
+        if found == Found::Open {
+            return Ok(Judged::Over(
+                "interrupted".to_owned(),
+                "its supervisor and its app-server were gone before the turn ended".to_owned(),
+            ));
+        }
+        let mut server = own_app_server(self.own, thread).await?;
+        let removed = remove_queued(&mut server.rpc, thread, &run.request_id).await;
+        server.stop().await;
+        if removed? {
+            return Ok(Judged::Over(
                 "errored".to_owned(),
                 "its supervisor was gone; the message was taken out of the queue unstarted"
                     .to_owned(),
-            )),
-            false if starting => None,
-            false => match rollout_find(thread, &run.request_id) {
-                Ok(Found::Absent) => Some((
-                    "interrupted".to_owned(),
-                    "its supervisor was gone; the message is neither queued nor in the rollout"
-                        .to_owned(),
-                )),
-                _ => None,
-            },
+            ));
+        }
+        Ok(match rollout_find(thread, &run.request_id) {
+            Ok(Found::Absent) => Judged::Missing,
+            Ok(_) => Judged::Going,
+            Err(e) => Judged::Unknown(e),
         })
     }
 }
@@ -1315,8 +1411,11 @@ pub async fn observe(service: &RefCell<Service>, agent: &AgentRow, request_id: &
                     detail: "the write is starting".to_owned(),
                 };
             }
-            if still_running(service, agent, &run).await {
-                return command::observed_of(&run, true);
+            match standing(service, agent, &run).await {
+                Standing::Going => return command::observed_of(&run, true),
+                // Nobody can tell: not observable (never a guess that resends).
+                Standing::Unknown(detail) => return Observed::Unreachable { detail },
+                Standing::Over(..) => {}
             }
             let fresh = service.borrow_mut().store.read(|tx| tx.run(request_id));
             match fresh {
