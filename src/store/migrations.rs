@@ -130,9 +130,9 @@ CREATE TABLE IF NOT EXISTS channel_pushes (
 );
 CREATE INDEX IF NOT EXISTS channel_pushes_waiting ON channel_pushes (listener) WHERE pushed_at IS NULL;
 ",
-    // 4 → 5: a card names the session it is for and the Claude process it went to (cards are
-    // transient: the table is made anew), and a run a supervisor left open says when
-    // (`runs.left_open_at`). Done by `Store::migrate` (`migrate_5`): a column is added only
-    // where it is missing.
+    // 4 → 5: a card names the session it is for and the Claude process it went to (rows kept,
+    // filled from their channel), and a run says when its supervisor left it open and since
+    // when its message was seen nowhere (`runs.left_open_at`, `runs.missing_since`). Done by
+    // `Store::migrate` (`migrate_5`): each change only where it is missing.
     "",
 ];

@@ -478,7 +478,7 @@ fn open_log(log: &Path) -> Option<std::fs::File> {
 /// A write that may wait in the thread's queue, once we tried to take it out: errored (a
 /// bounded resend) only when it was there and is gone now, unstarted. Otherwise it may have
 /// started (through the daemon a queued message starts within milliseconds): the run is left
-/// open, and the rollout and the daemon settle it (`still_running`), never a resend beside it.
+/// open, and the rollout and the daemon settle it (`standing`), never a resend beside it.
 fn maybe_queued_outcome(
     detail: Option<String>,
     taken_out: Result<bool, String>,
@@ -507,7 +507,7 @@ fn maybe_queued_outcome(
 }
 
 /// An outcome the supervisor does not record: nobody can say yet how the write ended, so the
-/// run stays open for `still_running` to judge from the rollout and the daemon.
+/// run stays open for `standing` to judge from the rollout and the daemon.
 pub(crate) const LEAVE_OPEN: &str = "open";
 
 /// An outcome `talk` leaves to `converse`: the message may be in the thread's queue.
@@ -602,11 +602,35 @@ async fn stop(child: &mut tokio::process::Child) {
 /// (and is deleted now); `Err` when that could not be done.
 async fn remove_queued(rpc: &mut Rpc, thread: &Thread, request_id: &str) -> Result<bool, String> {
     rpc.hello().await?;
-    let listed = rpc
-        .call("thread/queue/list", json!({"threadId": thread.id}))
-        .await?;
+    // Every page: an item past the first must not pass for gone.
+    let mut items = Vec::new();
+    let mut cursor = Value::Null;
+    for _ in 0..1_000 {
+        let page = rpc
+            .call(
+                "thread/queue/list",
+                json!({"threadId": thread.id, "cursor": cursor, "limit": 100}),
+            )
+            .await?;
+        items.extend(page["data"].as_array().into_iter().flatten().cloned());
+        match &page["nextCursor"] {
+            Value::String(c) if !c.is_empty() && Value::String(c.clone()) != cursor => {
+                cursor = Value::String(c.clone());
+            }
+            Value::String(c) if !c.is_empty() => {
+                return Err("thread/queue/list repeated its cursor".to_owned());
+            }
+            _ => {
+                cursor = Value::Null;
+                break;
+            }
+        }
+    }
+    if !cursor.is_null() {
+        return Err("thread/queue/list did not end".to_owned());
+    }
     let mut deleted = false;
-    for item in listed["data"].as_array().into_iter().flatten() {
+    for item in &items {
         if item["clientUserMessageId"] == request_id
             && let Some(id) = item["id"].as_str()
         {
@@ -974,22 +998,18 @@ static PROBED: std::sync::Mutex<
     Option<std::collections::HashMap<String, (std::time::Instant, Standing)>>,
 > = std::sync::Mutex::new(None);
 
-/// Whether an open run is still going (see [`standing`]); what nobody can tell counts as going.
-async fn still_running(service: &RefCell<Service>, agent: &AgentRow, run: &RunRow) -> bool {
-    !matches!(standing(service, agent, run).await, Standing::Over(..))
-}
-
 /// Where an open run stands: its supervisor lives, its own app-server does, or its turn runs
 /// on (or its message waits) in the Codex daemon, which outlives a supervisor. A run that is
 /// over is recorded.
 async fn standing(service: &RefCell<Service>, agent: &AgentRow, run: &RunRow) -> Standing {
     let (db, now, marks) = {
         let mut s = service.borrow_mut();
-        let marks = s
-            .store
-            .read(|tx| tx.run_marks(&run.request_id))
-            .unwrap_or((None, None));
+        let marks = s.store.read(|tx| tx.run_marks(&run.request_id));
         (s.store.path().to_owned(), millis(s.now()), marks)
+    };
+    let marks = match marks {
+        Ok(m) => m,
+        Err(e) => return Standing::Unknown(e.to_string()),
     };
     if command::supervisor_alive(&db, &run.request_id) {
         return Standing::Going;
@@ -1174,7 +1194,8 @@ impl Gone<'_> {
                         "returned".to_owned(),
                         "its supervisor was gone; the rollout shows the turn completed".to_owned(),
                     ),
-                    _ => Judged::Over(
+                    Err(e) => Judged::Unknown(e),
+                    Ok(_) => Judged::Over(
                         "interrupted".to_owned(),
                         "its supervisor was gone and its turn ended without completing".to_owned(),
                     ),
@@ -1294,11 +1315,32 @@ pub async fn activity(service: &RefCell<Service>, agent: &AgentRow) -> Activity 
         }
     };
     for run in open {
-        if still_running(service, agent, &run).await {
-            return Activity::Busy {
-                turn: Some(TurnId::new(&run.request_id)),
-                detail: None,
-            };
+        match standing(service, agent, &run).await {
+            Standing::Going => {
+                return Activity::Busy {
+                    turn: Some(TurnId::new(&run.request_id)),
+                    detail: None,
+                };
+            }
+            Standing::Unknown(why) => {
+                // Its delivery still holds the recipient: busy. Released by a person (SPEC
+                // §2.4, which frees the recipient): the checks below still keep a write out
+                // of a thread that is open elsewhere or running.
+                let held = service
+                    .borrow_mut()
+                    .store
+                    .read(|tx| tx.delivery(&run.message_id))
+                    .ok()
+                    .flatten()
+                    .is_some_and(|d| d.record.is_active());
+                if held {
+                    return Activity::Busy {
+                        turn: Some(TurnId::new(&run.request_id)),
+                        detail: Some(why),
+                    };
+                }
+            }
+            Standing::Over(..) => {}
         }
     }
     if thread.id.is_empty() {
