@@ -640,6 +640,21 @@ fn gone_outcome(session: &Session, cwd: &str, run: &RunRow) -> (String, String) 
     }
 }
 
+/// Whether an open run still goes: a channel card by the channel's rules, a headless resume
+/// by its supervisor, else by the transcript. A run that is over is recorded.
+fn still_going(
+    store: &mut crate::store::Store,
+    db: &Path,
+    session: &Session,
+    cwd: &str,
+    run: &RunRow,
+    now: i64,
+) -> bool {
+    super::channel::still_going(store, db, session, cwd, run, now).unwrap_or_else(|| {
+        command::still_running_or(store, db, run, now, |r| gone_outcome(session, cwd, r))
+    })
+}
+
 fn observed_of_found(found: &Found, turn: TurnId, live: bool) -> Observed {
     match found {
         Found::Absent => Observed::NotFound,
@@ -674,20 +689,7 @@ pub fn activity(service: &RefCell<Service>, agent: &AgentRow) -> Activity {
         }
     };
     for run in open {
-        let busy = match super::channel::still_going(
-            &mut service.store,
-            &db,
-            &session,
-            &agent.cwd,
-            &run,
-            now,
-        ) {
-            Some(going) => going,
-            None => command::still_running_or(&mut service.store, &db, &run, now, |r| {
-                gone_outcome(&session, &agent.cwd, r)
-            }),
-        };
-        if busy {
+        if still_going(&mut service.store, &db, &session, &agent.cwd, &run, now) {
             return Activity::Busy {
                 turn: Some(TurnId::new(&run.request_id)),
                 detail: None,
@@ -829,20 +831,7 @@ pub fn observe(service: &RefCell<Service>, agent: &AgentRow, request_id: &str) -
                     detail: "the write is starting".to_owned(),
                 };
             }
-            let live = match super::channel::still_going(
-                &mut service.store,
-                &db,
-                &session,
-                &agent.cwd,
-                &run,
-                now,
-            ) {
-                Some(going) => going,
-                None => command::still_running_or(&mut service.store, &db, &run, now, |r| {
-                    gone_outcome(&session, &agent.cwd, r)
-                }),
-            };
-            if live {
+            if still_going(&mut service.store, &db, &session, &agent.cwd, &run, now) {
                 return command::observed_of(&run, true);
             }
             match service.store.read(|tx| tx.run(request_id)) {

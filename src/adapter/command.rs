@@ -792,15 +792,14 @@ pub async fn supervise(s: Supervise) -> i32 {
             Duration::from_secs(s.timeout_secs),
         )
         .await;
-        if outcome == super::codex::LEAVE_OPEN {
-            let _ = store.write(|tx| tx.leave_run_open(&s.request_id, now()));
-            if let Some(d) = &detail {
-                eprintln!("request {}: left open: {d}", s.request_id);
-            }
-        } else {
-            let _ = store
-                .write(|tx| tx.finish_run(&s.request_id, now(), None, &outcome, detail.as_deref()));
-        }
+        record(
+            &mut store,
+            &s.request_id,
+            now(),
+            None,
+            &outcome,
+            detail.as_deref(),
+        );
         cleanup(&s, &lock_file, &log);
         drop(lock);
         return 0;
@@ -955,19 +954,37 @@ pub async fn supervise(s: Supervise) -> i32 {
             }
         },
     };
-    if outcome == super::codex::LEAVE_OPEN {
-        // Nobody can say yet how the write ended: the adapter settles the open run later.
-        let _ = store.write(|tx| tx.leave_run_open(&s.request_id, now()));
-        if let Some(d) = &detail {
-            eprintln!("request {}: left open: {d}", s.request_id);
-        }
-    } else {
-        let _ = store
-            .write(|tx| tx.finish_run(&s.request_id, now(), code, &outcome, detail.as_deref()));
-    }
+    record(
+        &mut store,
+        &s.request_id,
+        now(),
+        code,
+        &outcome,
+        detail.as_deref(),
+    );
     cleanup(&s, &lock_file, &log);
     drop(lock);
     0
+}
+
+/// Records how a supervised run ended; a Codex run nobody can tell about yet is only marked
+/// left open (the adapter settles it later from the rollout and the daemon).
+fn record(
+    store: &mut Store,
+    request_id: &str,
+    at: i64,
+    code: Option<i64>,
+    outcome: &str,
+    detail: Option<&str>,
+) {
+    if outcome == super::codex::LEAVE_OPEN {
+        let _ = store.write(|tx| tx.leave_run_open(request_id, at));
+        if let Some(d) = detail {
+            eprintln!("request {request_id}: left open: {d}");
+        }
+    } else {
+        let _ = store.write(|tx| tx.finish_run(request_id, at, code, outcome, detail));
+    }
 }
 
 /// Removes a finished run's files: its text, its lock (the outcome is recorded, so nobody

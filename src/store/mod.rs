@@ -560,6 +560,16 @@ pub struct PushRow {
     pub pushed_at: Option<i64>,
 }
 
+fn channel_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<ChannelRow> {
+    Ok(ChannelRow {
+        pid: r.get(0)?,
+        agent: r.get(1)?,
+        session: r.get(2)?,
+        claude_pid: r.get(3)?,
+        opened_at: r.get(4)?,
+    })
+}
+
 fn push_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<PushRow> {
     Ok(PushRow {
         request_id: r.get(0)?,
@@ -1397,15 +1407,7 @@ impl Tx<'_> {
             "SELECT pid, agent, session, claude_pid, opened_at FROM channels
              WHERE agent = ?1 AND session = ?2 ORDER BY opened_at DESC",
         )?;
-        let rows = st.query_map([agent, session], |r| {
-            Ok(ChannelRow {
-                pid: r.get(0)?,
-                agent: r.get(1)?,
-                session: r.get(2)?,
-                claude_pid: r.get(3)?,
-                opened_at: r.get(4)?,
-            })
-        })?;
+        let rows = st.query_map([agent, session], channel_from)?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
@@ -1415,15 +1417,7 @@ impl Tx<'_> {
             .prepare_cached(
                 "SELECT pid, agent, session, claude_pid, opened_at FROM channels WHERE pid = ?1",
             )?
-            .query_row([pid], |r| {
-                Ok(ChannelRow {
-                    pid: r.get(0)?,
-                    agent: r.get(1)?,
-                    session: r.get(2)?,
-                    claude_pid: r.get(3)?,
-                    opened_at: r.get(4)?,
-                })
-            })
+            .query_row([pid], channel_from)
             .optional()?)
     }
 
