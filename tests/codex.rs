@@ -226,6 +226,19 @@ impl Drop for Daemon {
 }
 
 impl Daemon {
+    /// A daemon with the person's client connected and the thread open in it.
+    fn with_person(c: &Codex) -> (Daemon, AppServer) {
+        let daemon = Daemon::start(c);
+        let mut person = AppServer::connect(&daemon.socket);
+        person
+            .call(
+                "thread/resume",
+                &json!({"threadId": c.thread, "excludeTurns": true}),
+            )
+            .expect("the person opens the thread in the daemon");
+        (daemon, person)
+    }
+
     fn start(c: &Codex) -> Daemon {
         let child = Command::new(&c.binary)
             .args(["app-server", "--listen", "unix://"])
@@ -583,14 +596,7 @@ fn busy_with(c: &Codex, id: &str, reason: &str, limit: Duration) -> (bool, Strin
 #[test]
 fn a_handoff_reaches_the_persons_session_through_the_codex_daemon() {
     let Some(c) = Codex::new(None) else { return };
-    let daemon = Daemon::start(&c);
-    let mut person = AppServer::connect(&daemon.socket);
-    person
-        .call(
-            "thread/resume",
-            &json!({"threadId": c.thread, "excludeTurns": true}),
-        )
-        .expect("the person opens the thread in the daemon");
+    let (_daemon, mut person) = Daemon::with_person(&c);
     let doctor = c.w.run(&["doctor"]);
     let said = String::from_utf8_lossy(&doctor.stdout);
     assert!(said.contains("is open in the Codex daemon"), "{said}");
@@ -641,14 +647,7 @@ fn a_handoff_reaches_the_persons_session_through_the_codex_daemon() {
 #[test]
 fn a_handoff_waits_while_the_persons_codex_turn_runs() {
     let Some(c) = Codex::new(None) else { return };
-    let daemon = Daemon::start(&c);
-    let mut person = AppServer::connect(&daemon.socket);
-    person
-        .call(
-            "thread/resume",
-            &json!({"threadId": c.thread, "excludeTurns": true}),
-        )
-        .expect("the person opens the thread in the daemon");
+    let (_daemon, mut person) = Daemon::with_person(&c);
     let started = person
         .call(
             "turn/start",
@@ -692,14 +691,7 @@ fn a_handoff_waits_while_the_persons_codex_turn_runs() {
 #[test]
 fn a_turn_in_the_daemon_outlives_its_killed_supervisor_and_is_not_resent() {
     let Some(c) = Codex::new(None) else { return };
-    let daemon = Daemon::start(&c);
-    let mut person = AppServer::connect(&daemon.socket);
-    person
-        .call(
-            "thread/resume",
-            &json!({"threadId": c.thread, "excludeTurns": true}),
-        )
-        .expect("the person opens the thread in the daemon");
+    let (_daemon, _person) = Daemon::with_person(&c);
     let _engine = c.engine();
     let id = c.send("[delay=8] a slow handoff", None);
     c.wait_state(&id, &["RUNNING", "ACCEPTED"], Duration::from_secs(60));
@@ -744,14 +736,7 @@ fn a_turn_in_the_daemon_outlives_its_killed_supervisor_and_is_not_resent() {
 #[test]
 fn a_person_turn_that_starts_between_the_look_and_the_write_is_never_folded_into() {
     let Some(c) = Codex::new(None) else { return };
-    let daemon = Daemon::start(&c);
-    let mut person = AppServer::connect(&daemon.socket);
-    person
-        .call(
-            "thread/resume",
-            &json!({"threadId": c.thread, "excludeTurns": true}),
-        )
-        .expect("the person opens the thread in the daemon");
+    let (_daemon, mut person) = Daemon::with_person(&c);
     let hold = c.w.dir.path().join("hold");
     std::fs::create_dir_all(&hold).unwrap();
     let mut env = c.env.clone();
@@ -804,14 +789,7 @@ fn a_person_turn_that_starts_between_the_look_and_the_write_is_never_folded_into
 #[test]
 fn a_lost_answer_is_settled_from_the_rollout_and_nothing_is_resent() {
     let Some(c) = Codex::new(None) else { return };
-    let daemon = Daemon::start(&c);
-    let mut person = AppServer::connect(&daemon.socket);
-    person
-        .call(
-            "thread/resume",
-            &json!({"threadId": c.thread, "excludeTurns": true}),
-        )
-        .expect("the person opens the thread in the daemon");
+    let (_daemon, _person) = Daemon::with_person(&c);
     let mut env = c.env.clone();
     env.push(("HANDOFFS_TEST_LOSE_ANSWER".to_owned(), "1".to_owned()));
     let _engine = c.w.spawn_engine_env(&env);
