@@ -521,7 +521,15 @@ fn a_model_that_never_answers_is_interrupted_at_the_timeout_and_resent_within_bo
     let runs = c.runs(&id);
     assert_eq!(runs.len(), 3, "the write and two error resends: {runs:?}");
     for (r, run) in &runs {
-        let run = run.as_ref().unwrap();
+        let Some(run) = run.as_ref() else {
+            panic!(
+                "{r} has no run row; what its supervisor said: {:?}\n{}",
+                std::fs::read_to_string(
+                    handoffs::adapter::command::runs_dir(&c.w.db).join(format!("{r}.sup.log"))
+                ),
+                c.w.ok(&["status", &id])
+            );
+        };
         assert_eq!(run.outcome.as_deref(), Some("errored"), "{r}: {run:?}");
         assert!(
             run.detail

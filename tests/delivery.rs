@@ -306,3 +306,28 @@ fn sends_killed_at_any_moment_leave_each_message_whole_with_its_delivery_or_abse
         reported.len()
     );
 }
+
+/// A refused write is tried once more with the same request id. The first try's supervisor
+/// records the refusal before it cleans up; on a loaded machine the retry can start in
+/// between. The retry must wait for it and really try again (here: refused the same way,
+/// for its own reason), never be taken for the first try still running.
+#[cfg(feature = "planted-bugs")]
+#[test]
+fn a_refused_write_is_retried_for_real_while_its_first_supervisor_cleans_up() {
+    let w = World::new();
+    w.ok(&["agent", "add", "planner", "--provider", "demo"]);
+    let missing = w.dir.path().join("no-such-program");
+    w.add_command_agent("eng", &missing);
+    let sent = w.json(&["send", "planner", "eng", "do it"]);
+    let id = sent["message"]["id"].as_str().unwrap().to_owned();
+    let mut engine =
+        w.spawn_engine_env(&[("HANDOFFS_TEST_SLOW_CLEANUP".to_owned(), "1500".to_owned())]);
+    w.wait_for(Duration::from_secs(60), |c| c.get("FAILED") == Some(&1));
+    kill9(&mut engine);
+    let detail = w.json(&["status", &id]);
+    let said = detail["detail"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        said.contains("could not start") && !said.contains("before starting the command"),
+        "G4: the retry of a refused write never ran: its supervisor found the first one's lock: {said}"
+    );
+}

@@ -174,3 +174,44 @@ fn an_incomplete_scan_between_two_complete_ones_does_not_count() {
     );
     assert_honest(&answers);
 }
+
+/// A release is judged by the rules of the engine whose write may be in flight, not by
+/// SPEC's defaults in the releasing process: here the engine gives a write 1.5 s before it is
+/// UNCERTAIN, so a person's release 2 s into a write that never answers goes through (with
+/// SPEC's 60 s it would be refused as "in flight"; with an engine allowing longer than SPEC,
+/// the same mix-up would free the recipient under a write that may still land).
+#[test]
+fn a_release_is_judged_by_the_running_engines_policy() {
+    let w = World::new();
+    w.ok(&["agent", "add", "alice", "--provider", "demo"]);
+    let app = axum::Router::new().route(
+        "/",
+        axum::routing::post(|| async {
+            tokio::time::sleep(Duration::from_secs(25)).await;
+            "{}"
+        }),
+    );
+    let url = common::serve(app);
+    w.register_http_agent("bob", &url);
+    let sent = w.json(&["send", "alice", "bob", "a write that hangs"]);
+    let id = sent["message"]["id"].as_str().unwrap().to_owned();
+    let _engine = w.spawn_engine();
+    let start = Instant::now();
+    while w.json(&["status", &id])["state"] != "SENDING" {
+        assert!(start.elapsed() < Duration::from_secs(20), "never SENDING");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(2_500));
+    let out = w
+        .cmd()
+        .env_remove("HANDOFFS_POLICY")
+        .args(["release", &id])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "G5: the release was judged by SPEC's defaults, not the running engine's policy: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(w.json(&["status", &id])["state"], "CANCELLED");
+}

@@ -374,6 +374,18 @@ pub(crate) async fn start_supervised(
     if let Err(e) = ensure_private_dir(&dir) {
         return WriteOutcome::Refused { detail: e };
     }
+    // A refused run's supervisor writes its row before it removes the run's files and lets
+    // go of its lock: the retry (same request id) waits for it to finish, or its supervisor
+    // would find the lock held and take it for a live run, or lose its card to the cleanup.
+    let waited_from = std::time::Instant::now();
+    while supervisor_alive(w.db, w.request_id) && !crate::planted("retry_beside_supervisor") {
+        if waited_from.elapsed() > START_WAIT {
+            return WriteOutcome::Refused {
+                detail: "an earlier supervisor of this request still runs".to_owned(),
+            };
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let text_file = dir.join(format!("{}.txt", w.request_id));
     if let Err(e) = write_private(&text_file, w.text) {
         return WriteOutcome::Refused { detail: e };
@@ -990,13 +1002,29 @@ fn record(
 /// Removes a finished run's files: its text, its lock (the outcome is recorded, so nobody
 /// needs to ask the lock any more) and its log when the command printed nothing.
 fn cleanup(s: &Supervise, lock_file: &Path, log: &Path) {
+    linger_before_cleanup();
     let _ = std::fs::remove_file(&s.text_file);
-    let _ = std::fs::remove_file(lock_file);
     let sup_log = runs_dir(&s.db).join(format!("{}.sup.log", s.request_id));
     for file in [log, sup_log.as_path()] {
         if std::fs::metadata(file).is_ok_and(|m| m.len() == 0) {
             let _ = std::fs::remove_file(file);
         }
+    }
+    // Last: once the lock file is gone, a retry of this request may start and write its files.
+    let _ = std::fs::remove_file(lock_file);
+}
+
+/// Test builds only (`planted-bugs`): `HANDOFFS_TEST_SLOW_CLEANUP=MS` keeps a supervisor
+/// that has recorded its run from cleaning up for MS milliseconds, as a loaded machine may.
+fn linger_before_cleanup() {
+    if !cfg!(feature = "planted-bugs") {
+        return;
+    }
+    if let Some(ms) = std::env::var("HANDOFFS_TEST_SLOW_CLEANUP")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        std::thread::sleep(Duration::from_millis(ms));
     }
 }
 

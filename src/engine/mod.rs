@@ -77,6 +77,10 @@ pub struct PassReport {
     /// How this engine's policy differs from SPEC §2 (`HANDOFFS_POLICY`), if it does.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub policy_differs: Vec<String>,
+    /// This engine's whole policy when it is not SPEC §2's: a release elsewhere is judged by
+    /// the rules of the engine whose write may be in flight.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy: Option<Policy>,
 }
 
 impl PassReport {
@@ -138,8 +142,9 @@ pub enum EngineError {
 
 impl Engine {
     /// Takes the engine lock of the database; `Err(Busy)` when another engine holds it.
-    pub fn new(service: Service, one_shot: bool) -> Result<Engine, EngineError> {
+    pub fn new(mut service: Service, one_shot: bool) -> Result<Engine, EngineError> {
         let path = sibling(service.store.path(), ".engine");
+        service.set_policy(Policy::default());
         let service = Rc::new(RefCell::new(service));
         let mut options = File::options();
         options.create(true).truncate(false).write(true);
@@ -181,6 +186,7 @@ impl Engine {
     /// Uses `policy` instead of the default (tests and the simulation).
     #[must_use]
     pub fn with_policy(mut self, policy: Policy) -> Engine {
+        self.service.borrow_mut().set_policy(policy.clone());
         self.ctx = Rc::new(Ctx {
             adapters: self.ctx.adapters.clone(),
             policy,
@@ -254,6 +260,7 @@ impl Engine {
                 .policy
                 .check_against_spec()
                 .unwrap_or_else(|e| vec![e]),
+            policy: Some(self.ctx.policy.clone()).filter(|p| *p != Policy::default()),
             ..PassReport::default()
         }
     }
@@ -542,9 +549,8 @@ struct Applied {
     saved: bool,
 }
 
-/// Applies one event to the stored delivery `id` in one transaction: the record as stored
-/// now (a person may have released it meanwhile), `step`, the new record and its event.
-/// Returns the new record, the effects to perform, and the recipient as registered now.
+/// Applies one event to the stored delivery `id` through the service's one commit path
+/// ([`Service::commit_step`]) under this engine's policy and schedule.
 fn apply(
     ctx: &Ctx,
     svc: &RefCell<Service>,
@@ -552,24 +558,16 @@ fn apply(
     report: &mut PassReport,
     event: impl FnOnce(&Tx<'_>) -> Result<EventKind, ServiceError>,
 ) -> Result<Applied, ServiceError> {
-    let mut svc = svc.borrow_mut();
-    let now = svc.now();
     let policy = &ctx.policy;
-    let result: Result<_, ServiceError> = svc.store.write(|tx| {
-        let row = tx
-            .delivery(id)?
-            .ok_or_else(|| ServiceError::NotFound(format!("no delivery {id}")))?;
-        let kind = event(tx)?;
-        let step = model::step(row.record.clone(), Event::new(now, kind), policy);
-        let agent = tx.agent(&row.recipient)?;
-        if matches!(step.change, Change::Ignored { .. }) {
-            return Ok((step.record, step.effects, agent, None));
-        }
-        // Just accepted: observe at once (a short turn may already be over); just refused
-        // once: the one retry goes at once. Only on the move itself: a look that changed nothing waits its interval, even within the same
-        // millisecond (the simulation's clock stands still while a host runs).
-        let due = if matches!(
-            step.change,
+    // Just accepted: observe at once (a short turn may already be over); just refused once:
+    // the one retry goes at once. Only on the move itself: a look that changed nothing waits
+    // its interval, even within the same millisecond (the simulation's clock stands still
+    // while a host runs). A step that changes nothing records nothing: when to look again is
+    // set once the pass is over (see `deliver`), since a crash before the pass's next step
+    // would leave the delivery resting on a reason that may be gone by then.
+    let schedule = |change: &Change, record: &Delivery, agent: Option<&AgentRow>, now: Millis| {
+        if matches!(
+            change,
             Change::Moved {
                 to: model::StateKind::Accepted | model::StateKind::OwnerRejected,
                 ..
@@ -577,42 +575,19 @@ fn apply(
         ) {
             Some(millis(now))
         } else {
-            due_after(policy, &step.record, agent.as_ref(), now)
-        };
-        if step.change == Change::Unchanged {
-            // Nothing to record. When to look again is set once the pass is over (see
-            // `deliver`): set here, a crash before the pass's next step would leave the
-            // delivery resting on a reason that may be gone by then.
-            return Ok((step.record, step.effects, agent, None));
+            due_after(policy, record, agent, now)
         }
-        tx.save_delivery(id, &step.record, due, millis(now))?;
-        let note_changed = step.record.core().note() != row.record.core().note();
-        if let Change::Moved { from, to } = step.change {
-            tx.event(
-                millis(now),
-                Some(id),
-                "state",
-                &format!("{from} → {to}: {}", step.record.detail()),
-            )?;
-            if !step.record.is_active()
-                && (from.class() == model::Class::Active || to.class() == model::Class::Terminal)
-            {
-                tx.wake_recipient(&row.recipient, millis(now))?;
-            }
-        } else if note_changed && step.record.core().note().is_some() {
-            tx.event(millis(now), Some(id), "note", &step.record.detail())?;
-        }
-        Ok((step.record, step.effects, agent, Some(step.change)))
-    });
-    let (record, effects, agent, change) = result?;
-    if matches!(change, Some(Change::Moved { .. })) {
+    };
+    let committed = svc.borrow_mut().commit_step(id, policy, event, &schedule)?;
+    let moved = matches!(committed.change, Change::Moved { .. });
+    if moved {
         report.moved += 1;
     }
     Ok(Applied {
-        record,
-        effects,
-        agent,
-        saved: matches!(change, Some(Change::Moved { .. } | Change::Updated)),
+        saved: moved || committed.change == Change::Updated,
+        record: committed.record,
+        effects: committed.effects,
+        agent: committed.agent,
     })
 }
 

@@ -974,6 +974,9 @@ pub fn run(cli: &Cli) -> Result<(), Failure> {
         }
         Command::Release { id, note } => {
             let mut s = open(cli)?;
+            if std::env::var_os("HANDOFFS_POLICY").is_some() {
+                s.set_policy(policy_from_env()?);
+            }
             let v = s.release(id, note.as_deref())?;
             emit(cli, &v, || {
                 format!("{} {}: {}", short(&v.id), v.state, v.detail)

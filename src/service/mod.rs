@@ -4,13 +4,14 @@
 //! the engine's job.
 
 pub mod card;
+pub mod deliveries;
 
 use crate::store::{
     AgentRow, DeliveryRow, EventRow, IdTable, MessageRow, Store, StoreError, Tx, WorkRow, millis,
 };
 use model::{
-    Core, Delivery, Event, EventKind, MessageId, MessageKind, Millis, Permission, Provider,
-    RequestId, StateKind, Target,
+    Core, Delivery, EventKind, MessageId, MessageKind, Millis, Permission, Provider, RequestId,
+    StateKind, Target,
 };
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -56,6 +57,8 @@ pub type Clock = Arc<dyn Fn() -> Millis + Send + Sync>;
 pub struct Service {
     pub store: Store,
     clock: Clock,
+    /// The delivery policy, when this process was given one (see [`Service::policy`]).
+    policy: Option<model::Policy>,
 }
 
 impl std::fmt::Debug for Service {
@@ -374,7 +377,16 @@ impl Service {
     }
 
     pub fn with_clock(store: Store, clock: Clock) -> Service {
-        Service { store, clock }
+        Service {
+            store,
+            clock,
+            policy: None,
+        }
+    }
+
+    /// This process judges delivery steps by `policy` (the engine's own, `HANDOFFS_POLICY`).
+    pub fn set_policy(&mut self, policy: model::Policy) {
+        self.policy = Some(policy);
     }
 
     pub fn now(&self) -> Millis {
@@ -387,10 +399,9 @@ impl Service {
 
     /// A second service over the same database and clock, on a connection of its own.
     pub fn reopen(&self) -> Result<Service, StoreError> {
-        Ok(Service::with_clock(
-            Store::open(self.store.path())?,
-            self.clock.clone(),
-        ))
+        let mut s = Service::with_clock(Store::open(self.store.path())?, self.clock.clone());
+        s.policy.clone_from(&self.policy);
+        Ok(s)
     }
 
     // ----- agents -----
@@ -1046,29 +1057,17 @@ impl Service {
             check_len("the note", n, SUMMARY_CHARS_MAX)?;
         }
         let id = self.resolve(IdTable::Deliveries, id)?;
-        let now = self.now();
-        let policy = model::Policy::default();
-        self.store.write(|tx| {
-            let d = tx
-                .delivery(&id)?
-                .ok_or_else(|| ServiceError::NotFound(format!("no delivery {id:?}")))?;
-            let event = Event::new(
-                now,
-                EventKind::Release {
-                    note: note.map(str::to_owned),
-                },
-            );
-            let step = model::step(d.record, event, &policy);
-            match step.change {
-                model::Change::Ignored { why } => return refused(why),
-                model::Change::Unchanged => {
-                    return refused("already CANCELLED; nothing to release");
-                }
-                _ => {}
-            }
-            tx.save_delivery(&id, &step.record, None, millis(now))?;
-            tx.event(millis(now), Some(&id), "release", &step.record.detail())?;
-            tx.wake_recipient(&d.recipient, millis(now))?;
+        let policy = self.policy()?;
+        let release = EventKind::Release {
+            note: note.map(str::to_owned),
+        };
+        let step = self.commit_step(&id, &policy, |_| Ok(release), &|_, _, _, _| None)?;
+        match step.change {
+            model::Change::Ignored { why } => return refused(why),
+            model::Change::Unchanged => return refused("already CANCELLED; nothing to release"),
+            _ => {}
+        }
+        self.store.read(|tx| {
             let row = tx
                 .delivery(&id)?
                 .ok_or_else(|| ServiceError::NotFound(id.clone()))?;
