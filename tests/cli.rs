@@ -596,3 +596,47 @@ fn handoffs_policy_may_shorten_timings_but_never_raise_limits_and_status_says_so
         String::from_utf8_lossy(&w.cmd().arg("status").output().unwrap().stdout).into_owned();
     assert!(!text.contains("timings differ"), "SPEC's timings: {text}");
 }
+
+/// `handoffs completions SHELL` prints a script the shell accepts, naming the commands; an
+/// unknown shell is a usage error.
+#[test]
+fn completions_are_printed_for_each_shell() {
+    let w = World::new();
+    let bash = w.ok(&["completions", "bash"]);
+    assert!(bash.contains("handoffs__subcmd__task") && bash.contains("complete -F _handoffs"));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("handoffs.bash");
+    std::fs::write(&file, &bash).unwrap();
+    let check = Command::new("bash").arg("-n").arg(&file).output().unwrap();
+    assert!(check.status.success(), "bash -n: {check:?}");
+    for shell in ["zsh", "fish", "elvish", "powershell"] {
+        assert!(w.ok(&["completions", shell]).contains("release"), "{shell}");
+    }
+    assert_fails(&w, &["completions", "tcsh"], 2, "possible values");
+}
+
+/// The outage presets take the product names users already have in their configs.
+#[test]
+fn outage_presets_take_the_product_names() {
+    let w = World::new();
+    for name in [
+        "openai",
+        "openai-codex",
+        "codex",
+        "anthropic",
+        "claude-code",
+        "github",
+    ] {
+        w.ok(&[
+            "config",
+            "outageGuard",
+            &format!("{{\"preset\": \"{name}\"}}"),
+        ]);
+    }
+    assert_fails(
+        &w,
+        &["config", "outageGuard", "{\"preset\": \"nope\"}"],
+        2,
+        "openai-codex",
+    );
+}

@@ -331,3 +331,45 @@ fn a_refused_write_is_retried_for_real_while_its_first_supervisor_cleans_up() {
         "G4: the retry of a refused write never ran: its supervisor found the first one's lock: {said}"
     );
 }
+
+/// An engine whose binary is replaced while it runs (an upgrade) keeps delivering: its
+/// supervisors run the binary the engine itself runs, not whatever its path names now.
+#[test]
+fn an_engine_whose_binary_was_replaced_keeps_delivering() {
+    let w = World::new();
+    w.ok(&["agent", "add", "planner", "--provider", "demo"]);
+    let script = w.script("rcpt.sh", 0, 0);
+    w.add_command_agent("eng", &script);
+    let bin = w.dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let exe = bin.join("handoffs");
+    if std::fs::hard_link(env!("CARGO_BIN_EXE_handoffs"), &exe).is_err() {
+        std::fs::copy(env!("CARGO_BIN_EXE_handoffs"), &exe).unwrap();
+    }
+    let env = w.cmd();
+    let mut engine = std::process::Command::new(&exe);
+    engine.envs(env.get_envs().filter_map(|(k, v)| Some((k, v?))));
+    let mut engine = common::Engine(
+        engine
+            .args(["run", "--interval", "0.2"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    // The upgrade: the engine's file is gone, another one will be there later.
+    std::fs::remove_file(&exe).unwrap();
+    let sent = w.json(&["send", "planner", "eng", "after the upgrade"]);
+    let id = sent["message"]["id"].as_str().unwrap().to_owned();
+    w.wait_for(Duration::from_secs(30), |c| {
+        settled(c, 1, &["RETURNED", "FAILED"])
+    });
+    kill9(&mut engine);
+    let status = w.json(&["status", &id]);
+    assert_eq!(
+        status["state"], "RETURNED",
+        "a replaced binary stopped the engine's writes: {status}"
+    );
+}

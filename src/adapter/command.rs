@@ -396,7 +396,15 @@ pub(crate) async fn start_supervised(
         .get("timeout")
         .and_then(Value::as_u64)
         .unwrap_or(RUN_TIMEOUT_SECS_DEFAULT);
-    let exe = match std::env::current_exe() {
+    // This very binary: on Linux through /proc/self/exe, which still runs after the file
+    // was replaced (an upgrade while the engine runs), where its path would name the new
+    // binary, or nothing in between.
+    let this = std::path::Path::new("/proc/self/exe");
+    let exe = match if this.exists() {
+        Ok(this.to_path_buf())
+    } else {
+        std::env::current_exe()
+    } {
         Ok(p) => p,
         Err(e) => {
             return WriteOutcome::Refused {
@@ -437,6 +445,8 @@ pub(crate) async fn start_supervised(
     {
         use std::os::unix::process::CommandExt;
         cmd.process_group(0);
+        // Named as people know it in `ps`, not /proc/self/exe.
+        cmd.arg0("handoffs");
     }
     // A refused run never ran: its row goes, so the one allowed retry (same request id) runs.
     if let Err(e) = service

@@ -10,15 +10,33 @@ use tokio::time::Instant;
 const CACHE: Duration = Duration::from_secs(60);
 const TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Status pages of the common providers.
-pub const PRESETS: [(&str, &str); 3] = [
-    ("openai", "https://status.openai.com/api/v2/summary.json"),
+const OPENAI: &str = "https://status.openai.com/api/v2/summary.json";
+const ANTHROPIC: &str = "https://status.anthropic.com/api/v2/summary.json";
+
+/// Status pages of the common providers: `(name, summary URL, components watched)`; no
+/// components: the page's overall indicator. The product names (`openai-codex`, `codex`,
+/// `anthropic-claude-code`, `claude-code`) are the ones users already have in their configs;
+/// a `components` list in the config overrides a preset's.
+pub const PRESETS: [(&str, &str, &[&str]); 7] = [
+    ("openai", OPENAI, &[]),
+    ("openai-codex", OPENAI, &["Codex"]),
+    ("codex", OPENAI, &["Codex"]),
+    ("anthropic", ANTHROPIC, &[]),
+    ("anthropic-claude-code", ANTHROPIC, &["Claude Code"]),
+    ("claude-code", ANTHROPIC, &["Claude Code"]),
     (
-        "anthropic",
-        "https://status.anthropic.com/api/v2/summary.json",
+        "github",
+        "https://www.githubstatus.com/api/v2/summary.json",
+        &[],
     ),
-    ("github", "https://www.githubstatus.com/api/v2/summary.json"),
 ];
+
+fn preset(name: &str) -> Option<(&'static str, &'static [&'static str])> {
+    PRESETS
+        .iter()
+        .find(|(n, _, _)| *n == name)
+        .map(|(_, url, components)| (*url, *components))
+}
 
 /// Checks an `outageGuard` value: `null`, `{"preset": NAME}`, or `{"url", "components"?}`.
 pub fn check_config(v: &Value) -> Result<(), String> {
@@ -30,18 +48,22 @@ pub fn check_config(v: &Value) -> Result<(), String> {
         .ok_or("outageGuard takes null, {\"preset\": NAME} or {\"url\": …, \"components\": […]}")?;
     if let Some(p) = obj.get("preset") {
         let name = p.as_str().unwrap_or_default();
-        if !PRESETS.iter().any(|(n, _)| *n == name) {
-            let names: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
+        if preset(name).is_none() {
+            let names: Vec<&str> = PRESETS.iter().map(|(n, _, _)| *n).collect();
             return Err(format!("unknown preset {p}; presets: {}", names.join(", ")));
         }
-        return Ok(());
+        return check_components(obj.get("components"));
     }
     let url = obj
         .get("url")
         .and_then(Value::as_str)
         .ok_or("outageGuard needs a preset or a url")?;
     reqwest::Url::parse(url).map_err(|e| format!("outageGuard url: {e}"))?;
-    if let Some(c) = obj.get("components")
+    check_components(obj.get("components"))
+}
+
+fn check_components(components: Option<&Value>) -> Result<(), String> {
+    if let Some(c) = components
         && !c.as_array().is_some_and(|a| a.iter().all(Value::is_string))
     {
         return Err("outageGuard components must be a list of component names".to_owned());
@@ -49,9 +71,9 @@ pub fn check_config(v: &Value) -> Result<(), String> {
     Ok(())
 }
 
-/// The guard's cached view: the page it read, when, and its verdict. Shared by the engine's
-/// jobs; never borrowed across an `.await` (two jobs may both refresh; both verdicts are
-/// fresh).
+/// The guard's cached view: the page it read (and what it watched there), when, and its
+/// verdict. Shared by the engine's jobs; never borrowed across an `.await` (two jobs may
+/// both refresh; both verdicts are fresh).
 #[derive(Debug, Default)]
 pub struct OutageGuard {
     cached: RefCell<Option<(Instant, String, Option<String>)>>,
@@ -63,24 +85,30 @@ impl OutageGuard {
         if config.is_null() {
             return None;
         }
-        let url = match config.get("preset").and_then(Value::as_str) {
-            Some(name) => PRESETS.iter().find(|(n, _)| *n == name)?.1.to_owned(),
-            None => config.get("url")?.as_str()?.to_owned(),
+        let (url, preset_components) = match config.get("preset").and_then(Value::as_str) {
+            Some(name) => {
+                let (url, components) = preset(name)?;
+                (url.to_owned(), Value::from(components.to_vec()))
+            }
+            None => (config.get("url")?.as_str()?.to_owned(), Value::Null),
         };
-        if let Some((at, cached_url, verdict)) = &*self.cached.borrow()
-            && *cached_url == url
+        let components = config.get("components").unwrap_or(&preset_components);
+        // The verdict depends on the page and on what is watched on it.
+        let key = format!("{url} {components}");
+        if let Some((at, cached, verdict)) = &*self.cached.borrow()
+            && *cached == key
             && at.elapsed() < CACHE
         {
             return verdict.clone();
         }
         let verdict = match http.get(&url, TIMEOUT).await {
             Ok(r) if r.is_success() => match r.json() {
-                Ok(summary) => judge(&summary, config.get("components")),
+                Ok(summary) => judge(&summary, Some(components)),
                 Err(_) => None,
             },
             _ => None,
         };
-        *self.cached.borrow_mut() = Some((Instant::now(), url, verdict.clone()));
+        *self.cached.borrow_mut() = Some((Instant::now(), key, verdict.clone()));
         verdict
     }
 }
@@ -152,6 +180,8 @@ mod tests {
         assert!(check_config(&json!({"preset": "nope"})).is_err());
         assert!(check_config(&json!({"url": 3})).is_err());
         assert!(check_config(&json!({"preset": "openai"})).is_ok());
+        assert!(check_config(&json!({"preset": "openai-codex"})).is_ok());
+        assert!(check_config(&json!({"preset": "claude-code", "components": "API"})).is_err());
         assert!(check_config(&Value::Null).is_ok());
     }
 }

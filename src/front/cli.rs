@@ -36,60 +36,89 @@ pub enum Command {
     #[command(subcommand)]
     Agent(AgentCmd),
     /// Allow the directed connection FROM → TO.
-    Allow { from: String, to: String },
+    Allow {
+        /// The sending agent.
+        from: String,
+        /// The receiving agent.
+        to: String,
+    },
     /// Block the directed connection FROM → TO.
-    Block { from: String, to: String },
+    Block {
+        /// The sending agent.
+        from: String,
+        /// The receiving agent.
+        to: String,
+    },
     /// Show or set configuration: enabled, enabledAfter, connections, outageGuard.
     Config {
+        /// enabled, enabledAfter, connections or outageGuard; none: show them all.
         key: Option<String>,
+        /// The new value: true/false; a time or `now`; open/explicit; null,
+        /// {"preset": NAME} (openai, openai-codex, codex, anthropic, anthropic-claude-code,
+        /// claude-code, github) or {"url": …, "components": […]}. None: show the key.
         value: Option<String>,
     },
     /// Send a handoff (with --title: work) from one agent to another.
     Send(SendArgs),
     /// List an agent's messages (unread unless --all).
     Inbox {
+        /// Whose inbox.
         agent: String,
+        /// Read messages too.
         #[arg(long)]
         all: bool,
+        /// At most this many, newest first.
         #[arg(long, default_value_t = 50)]
         limit: i64,
     },
     /// Show a message in full; marks it read when you are its recipient.
     Read {
+        /// The message (a unique prefix of 6 or more characters will do).
         id: String,
         #[command(flatten)]
         actor: Actor,
     },
     /// Accept work given to you.
     Accept {
+        /// The work message (a unique prefix will do).
         id: String,
         #[command(flatten)]
         actor: Actor,
     },
     /// Return work to its sender with a summary (or --blocked).
     Return {
+        /// The work message (a unique prefix will do).
         id: String,
         #[command(flatten)]
         actor: Actor,
+        /// What was done (or, with --blocked, what stands in the way).
         #[arg(long)]
         summary: String,
+        /// Where to see it: a path, a commit, a link.
         #[arg(long)]
         evidence: Option<String>,
+        /// Return it as blocked rather than done.
         #[arg(long)]
         blocked: bool,
     },
     /// Close work you gave: accepted, revision or blocked.
     Close {
+        /// The work message (a unique prefix will do).
         id: String,
         #[command(flatten)]
         actor: Actor,
+        /// accepted, revision or blocked.
         #[arg(value_parser = parse_outcome)]
         outcome: Outcome,
+        /// A word for the one who did the work.
         #[arg(long)]
         note: Option<String>,
     },
     /// Overview (in flight, needs attention, recent), or one delivery with its history.
-    Status { id: Option<String> },
+    Status {
+        /// One delivery or message (a unique prefix will do); none: the overview.
+        id: Option<String>,
+    },
     /// Run one engine pass and print its report.
     Tick,
     /// Run the engine until Ctrl+C.
@@ -113,12 +142,15 @@ pub enum Command {
     },
     /// Cancel one stuck delivery; never resends.
     Release {
+        /// The delivery or its message (a unique prefix will do).
         id: String,
+        /// Why, for the history (e.g. "I saw the turn run").
         #[arg(long)]
         note: Option<String>,
     },
     /// Stdio MCP server acting as one agent (its identity is fixed for the whole session).
     Mcp {
+        /// The agent this server acts as, for its whole session.
         #[arg(long)]
         agent: String,
         /// A folder of Markdown files served as project memory (context_* tools).
@@ -138,6 +170,7 @@ pub enum Command {
         /// The port [default: 8765, or a free one when that is taken]; 0: any free one.
         #[arg(long)]
         port: Option<u16>,
+        /// The address to listen on.
         #[arg(long, default_value = "127.0.0.1")]
         host: String,
         /// How fast the demo agents work (1 = turns of 4 to 7 seconds).
@@ -163,6 +196,12 @@ pub enum Command {
     /// Checks every agent's destination (binary and version, session or thread, folder, URL)
     /// and the database: one line per finding; exit 1 when something is wrong.
     Doctor,
+    /// Prints the shell completion script for SHELL (e.g. `handoffs completions bash >
+    /// ~/.local/share/bash-completion/completions/handoffs`).
+    Completions {
+        /// bash, elvish, fish, powershell or zsh.
+        shell: clap_complete::Shell,
+    },
     /// Runs one command turn for the engine (internal).
     #[command(hide = true)]
     Supervise(SuperviseArgs),
@@ -184,14 +223,19 @@ pub struct Actor {
 pub enum AgentCmd {
     /// Register or update an agent.
     Add {
+        /// The agent's id (letters, digits, `.`, `_`, `-`).
         id: String,
         /// demo, command, codex or claude-code; needed for a new agent only.
         #[arg(long)]
         provider: Option<String>,
+        /// A display name.
         #[arg(long)]
         name: Option<String>,
+        /// Where its turns go: the Codex thread id, the Claude session id; for a command
+        /// agent, what `{endpoint}` in its command stands for.
         #[arg(long)]
         endpoint: Option<String>,
+        /// The folder its turns run in.
         #[arg(long)]
         cwd: Option<String>,
         /// Adapter setting; VALUE is JSON when it parses, text otherwise.
@@ -201,7 +245,10 @@ pub enum AgentCmd {
     /// List agents.
     List,
     /// Remove an agent.
-    Remove { id: String },
+    Remove {
+        /// The agent's id.
+        id: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -210,10 +257,13 @@ pub enum TaskCmd {
     Create {
         #[command(flatten)]
         actor: Actor,
+        /// A short title.
         #[arg(long)]
         title: String,
+        /// What done looks like.
         #[arg(long)]
         goal: String,
+        /// What must not change, or must hold.
         #[arg(long)]
         constraints: Option<String>,
         /// Queue it for this agent only.
@@ -225,63 +275,84 @@ pub enum TaskCmd {
     },
     /// Take the workspace's writer lease for a task; prints the lease token.
     Claim {
+        /// The task (a unique prefix will do).
         id: String,
         #[command(flatten)]
         actor: Actor,
+        /// How long the lease lasts, in minutes.
         #[arg(long)]
         minutes: Option<i64>,
     },
     /// Extend your lease.
     Renew {
+        /// The task (a unique prefix will do).
         id: String,
         #[command(flatten)]
         actor: Actor,
+        /// The lease token `task claim` printed.
         #[arg(long)]
         token: String,
+        /// The lease's new length from now, in minutes.
         #[arg(long)]
         minutes: Option<i64>,
     },
     /// Record your progress, release the lease and queue the task for another agent.
     Pass {
+        /// The task (a unique prefix will do).
         id: String,
         #[command(flatten)]
         actor: Actor,
+        /// The lease token `task claim` printed.
         #[arg(long)]
         token: String,
+        /// What you did.
         #[arg(long)]
         summary: String,
+        /// What the next agent should do first.
         #[arg(long = "next")]
         next_action: String,
         /// A changed file (repeatable; merged into the task's set).
         #[arg(long = "file")]
         files: Vec<String>,
+        /// The agent that takes it over (it is told with a handoff).
         #[arg(long = "to", value_name = "AGENT")]
         target: String,
     },
     /// Mark your task done and release the lease.
     Complete {
+        /// The task (a unique prefix will do).
         id: String,
         #[command(flatten)]
         actor: Actor,
+        /// The lease token `task claim` printed.
         #[arg(long)]
         token: String,
+        /// What was done.
         #[arg(long)]
         summary: Option<String>,
+        /// A changed file (repeatable; merged into the task's set).
         #[arg(long = "file")]
         files: Vec<String>,
     },
     /// A task with its history.
-    Show { id: String },
+    Show {
+        /// The task (a unique prefix will do).
+        id: String,
+    },
     /// Tasks, newest first.
     List {
+        /// Only tasks in this state: queued, claimed, needs_human or done.
         #[arg(long)]
         state: Option<String>,
+        /// At most this many.
         #[arg(long, default_value_t = 50)]
         limit: i64,
     },
     /// A person adds handoffs to a task's budget (and releases it from needs_human).
     Resume {
+        /// The task (a unique prefix will do).
         id: String,
+        /// Handoffs to add to its budget.
         #[arg(long, default_value_t = 1)]
         add: i64,
         /// Queue it for this agent from now on.
@@ -298,12 +369,16 @@ pub enum TaskCmd {
 
 #[derive(Debug, Args)]
 pub struct SendArgs {
+    /// The sending agent.
     pub from: String,
+    /// The receiving agent.
     pub to: String,
     /// The message, or - to read it from stdin.
     pub message: String,
+    /// Make it work with this title: the recipient accepts and returns it.
     #[arg(long)]
     pub title: Option<String>,
+    /// Work only: remind the sender if it is not returned within this many minutes.
     #[arg(long)]
     pub due_minutes: Option<i64>,
     /// Idempotency key: a repeated send with the same key returns the first message.
@@ -984,6 +1059,13 @@ pub fn run(cli: &Cli) -> Result<(), Failure> {
             Ok(())
         }
         Command::Tick => engine_cmd(cli, None),
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            let mut script = Vec::new();
+            clap_complete::generate(*shell, &mut Cli::command(), "handoffs", &mut script);
+            out(String::from_utf8_lossy(&script).trim_end());
+            Ok(())
+        }
         Command::Run { interval } => {
             if !(interval.is_finite() && *interval > 0.0 && *interval <= 3_600.0) {
                 return Err(usage(
@@ -1170,6 +1252,27 @@ fn status(cli: &Cli, id: Option<&str>) -> Result<(), Failure> {
                 ));
             }
         };
+        if !o.waiting_for_engine.is_empty() {
+            out.push_str(&format!(
+                "waiting for an engine ({}){}\n",
+                o.waiting_for_engine.len(),
+                if o.engine_reported_at.is_none() {
+                    ": start one with `handoffs run` or `handoffs tick`"
+                } else {
+                    ""
+                }
+            ));
+            for m in &o.waiting_for_engine {
+                out.push_str(&format!(
+                    "  {}  {} → {}  {}\n",
+                    short(&m.id),
+                    m.from,
+                    m.to,
+                    one_line(m.title.as_deref().unwrap_or(&m.preview), 90)
+                ));
+            }
+        }
+        section(&mut out, "queued", &o.queued);
         section(&mut out, "in flight", &o.in_flight);
         section(&mut out, "needs attention", &o.needs_attention);
         if !o.overdue_work.is_empty() {
@@ -1266,5 +1369,35 @@ fn engine_cmd(cli: &Cli, interval: Option<Duration>) -> Result<(), Failure> {
                 Ok(())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    /// Every argument and option of every visible command says what it is for.
+    #[test]
+    fn every_argument_has_a_help_line() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if arg.is_hide_set() || id == "help" || id == "version" {
+                    continue;
+                }
+                if arg.get_help().is_none() {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                if !sub.is_hide_set() && sub.get_name() != "help" {
+                    walk(sub, &format!("{path} {}", sub.get_name()), missing);
+                }
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "handoffs", &mut missing);
+        assert!(missing.is_empty(), "no help line: {missing:#?}");
     }
 }

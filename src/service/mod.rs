@@ -106,6 +106,10 @@ pub struct DeliveryDetail {
 /// What `status` shows without an id.
 #[derive(Clone, Debug, Serialize)]
 pub struct Overview {
+    /// Handoffs no engine has taken up yet (none runs, or it has not passed since the send).
+    pub waiting_for_engine: Vec<Unenrolled>,
+    /// Enrolled and waiting for their turn: WAITING and BUSY.
+    pub queued: Vec<DeliveryView>,
     pub in_flight: Vec<DeliveryView>,
     pub needs_attention: Vec<DeliveryView>,
     pub overdue_work: Vec<WorkRow>,
@@ -115,6 +119,18 @@ pub struct Overview {
     pub engine_reported_at: Option<i64>,
     /// How the reporting engine's timings differ from SPEC §2 (empty: they do not).
     pub engine_policy_differs: Vec<String>,
+}
+
+/// A handoff sent but not yet enrolled by an engine: who to whom, and how it begins.
+#[derive(Clone, Debug, Serialize)]
+pub struct Unenrolled {
+    pub id: String,
+    pub from: String,
+    pub to: String,
+    pub title: Option<String>,
+    /// The message's first 120 characters, on one line.
+    pub preview: String,
+    pub created_at: i64,
 }
 
 /// A work contract's outcome when its sender closes it.
@@ -1001,8 +1017,8 @@ impl Service {
 
     pub fn overview(&mut self, limit: i64) -> Result<Overview> {
         use StateKind::{
-            Accepted, Acknowledged, Cancelled, Duplicate, Failed, Held, OwnerRejected, Returned,
-            Running, Sending, Unavailable, Uncertain,
+            Accepted, Acknowledged, Busy, Cancelled, Duplicate, Failed, Held, OwnerRejected,
+            Returned, Running, Sending, Unavailable, Uncertain, Waiting,
         };
         let now = millis(self.now());
         self.store.read(|tx| {
@@ -1013,7 +1029,24 @@ impl Service {
                     .collect()
             };
             let report = tx.report()?;
+            let waiting_for_engine = tx
+                .unenrolled(enabled_after(tx)?, limit)?
+                .into_iter()
+                .map(|m| Unenrolled {
+                    preview: truncate(
+                        &m.body.split_whitespace().collect::<Vec<_>>().join(" "),
+                        120,
+                    ),
+                    id: m.id,
+                    from: m.sender,
+                    to: m.recipient,
+                    title: m.title,
+                    created_at: m.created_at,
+                })
+                .collect();
             Ok(Overview {
+                waiting_for_engine,
+                queued: views(&[Waiting, Busy])?,
                 in_flight: views(&[Sending, Accepted, Running])?,
                 needs_attention: views(&[Uncertain, Unavailable, Held, OwnerRejected])?,
                 // The newest overdue work; the totals live in the page's snapshot.

@@ -414,7 +414,7 @@ pub fn assert_no_overlap(runs: &[Run]) {
 
 /// A running engine process, killed (SIGKILL) when dropped, so a failing test never leaves
 /// one behind.
-pub struct Engine(Child);
+pub struct Engine(pub Child);
 
 impl Drop for Engine {
     fn drop(&mut self) {
