@@ -382,3 +382,152 @@ async fn wait_for_messages_returns_when_mail_arrives() {
         started.elapsed()
     );
 }
+
+/// Random lines into the real server over stdio (seeded, so a failure replays): junk, JSON
+/// that is not an object, requests with bad `params`, unknown methods, tool calls with random
+/// arguments, notifications. Every request with an id gets exactly one answer with that id
+/// (a client never waits forever), every line that is not JSON gets a `-32700`, and a
+/// notification is never answered.
+#[test]
+fn random_lines_get_one_answer_per_request_with_an_id() {
+    use rand::{Rng, SeedableRng};
+    use std::io::{BufRead, Write};
+    let (w, _root) = world();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(
+        std::env::var("HANDOFFS_TEST_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(13),
+    );
+    let methods = [
+        "tools/list",
+        "tools/call",
+        "ping",
+        "frobnicate",
+        "resources/list",
+        "prompts/list",
+        "initialize",
+    ];
+    let params = [
+        json!(5),
+        json!("x"),
+        json!([1]),
+        json!(true),
+        Value::Null,
+        json!({}),
+        json!({"name": "inbox", "arguments": {}}),
+        json!({"name": "send_handoff", "arguments": {"to": "bob", "message": "hi"}}),
+        json!({"name": "send_handoff", "arguments": {"to": 3}}),
+        json!({"name": "nope"}),
+        json!({"name": 5}),
+    ];
+    let mut lines = vec![
+        json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "random", "version": "1"}}})
+        .to_string(),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}).to_string(),
+    ];
+    let mut ids = Vec::new();
+    let mut junk = 0;
+    for n in 1..=400_i64 {
+        let line = match rng.random_range(0..10) {
+            0 => {
+                junk += 1;
+                let len = rng.random_range(1..40);
+                let s: String = (0..len)
+                    .map(|_| char::from(rng.random_range(b'!'..=b'~')))
+                    .filter(|c| *c != '{' && *c != '[' && *c != '"' && !c.is_ascii_digit())
+                    .collect();
+                if s.is_empty() || s == "true" || s == "null" || s == "false" {
+                    junk -= 1;
+                    continue;
+                }
+                format!("x{s}")
+            }
+            1 => {
+                // A notification: never answered.
+                let p = &params[rng.random_range(0..params.len())];
+                json!({"jsonrpc": "2.0", "method": "notifications/x", "params": p}).to_string()
+            }
+            _ => {
+                let id = if rng.random_bool(0.5) {
+                    json!(n)
+                } else {
+                    json!(format!("r{n}"))
+                };
+                ids.push(id.clone());
+                let m = methods[rng.random_range(0..methods.len())];
+                let mut req = json!({"jsonrpc": "2.0", "id": id, "method": m});
+                if rng.random_bool(0.8) {
+                    req["params"] = params[rng.random_range(0..params.len())].clone();
+                }
+                req.to_string()
+            }
+        };
+        lines.push(line);
+    }
+    let mut child = w
+        .cmd()
+        .args(["mcp", "--agent", "alice"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in stdout.lines().map_while(Result::ok) {
+            let _ = tx.send(serde_json::from_str::<Value>(&l).expect("every answer is JSON"));
+        }
+    });
+    for l in &lines {
+        writeln!(stdin, "{l}").unwrap();
+    }
+    stdin.flush().unwrap();
+    // As many answers as requests with an id and junk lines; then a moment for any extra
+    // answer (to a notification, twice to one id) to show.
+    let expected = ids.len() + 1 + junk;
+    let mut answers = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while answers.len() < expected {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(a) => answers.push(a),
+            Err(_) => break,
+        }
+    }
+    while let Ok(a) = rx.recv_timeout(std::time::Duration::from_millis(500)) {
+        answers.push(a);
+    }
+    drop(stdin);
+    let _ = child.wait();
+    let mut by_id = std::collections::HashMap::<String, usize>::new();
+    let mut parse_errors = 0;
+    for a in &answers {
+        if a["id"].is_null() {
+            assert_eq!(a["error"]["code"], -32700, "an answer without an id: {a}");
+            parse_errors += 1;
+        } else {
+            *by_id.entry(a["id"].to_string()).or_default() += 1;
+        }
+    }
+    let unanswered: Vec<&Value> = ids
+        .iter()
+        .filter(|id| by_id.get(&id.to_string()).copied().unwrap_or(0) != 1)
+        .collect();
+    assert!(
+        unanswered.is_empty(),
+        "requests not answered exactly once: {unanswered:?} ({} of {})",
+        unanswered.len(),
+        ids.len()
+    );
+    assert_eq!(
+        by_id.len(),
+        ids.len() + 1,
+        "answers to ids never sent (or to a notification)"
+    );
+    assert_eq!(parse_errors, junk, "one -32700 per line that is not JSON");
+}

@@ -10,6 +10,8 @@
 //! typed, becomes a tool error with one clear sentence, never a protocol failure or a crash.
 //! The input schemas that `tools/list` shows are generated from the same typed structs.
 
+pub mod transport;
+
 use crate::context::Library;
 use crate::ledger::{Ledger, find_root};
 use crate::service::{Outcome, Service, ServiceError};
@@ -1232,11 +1234,7 @@ pub fn serve_stdio(
         .map_err(|e| ServiceError::Refused(format!("cannot start the runtime: {e}")))?;
     rt.block_on(async move {
         use rmcp::ServiceExt as _;
-        let stdio = rmcp::transport::IntoTransport::<
-            RoleServer,
-            std::io::Error,
-            rmcp::transport::async_rw::TransportAdapterAsyncRW,
-        >::into_transport(rmcp::transport::io::stdio_pipes());
+        let stdio = transport::Lines::new(tokio::io::stdin(), tokio::io::stdout());
         let running = server
             .serve(Opening {
                 inner: stdio,
