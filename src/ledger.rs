@@ -548,7 +548,7 @@ impl Ledger {
         }
         let id = self.resolve(task_id)?;
         #[cfg(feature = "planted-bugs")]
-        if planted("lease_race") {
+        if crate::planted(crate::Plant::LeaseRace) {
             return self.claim_unguarded(agent, &id, minutes);
         }
         self.write(|tx, now, warning| {
@@ -979,11 +979,6 @@ fn check_files(files: &[String]) -> Result<()> {
 fn merge_files(old: &[String], new: &[String]) -> String {
     let set: BTreeSet<&str> = old.iter().chain(new).map(String::as_str).collect();
     Value::from(set.into_iter().collect::<Vec<_>>()).to_string()
-}
-
-#[cfg(feature = "planted-bugs")]
-fn planted(name: &str) -> bool {
-    std::env::var("HANDOFFS_PLANT").is_ok_and(|v| v.split(',').any(|p| p == name))
 }
 
 #[cfg(test)]

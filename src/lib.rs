@@ -8,15 +8,11 @@ pub mod context;
 pub mod engine;
 pub mod front;
 pub mod ledger;
+pub mod planted;
 pub mod service;
 pub mod simulate;
 pub mod store;
 
 pub use model;
 
-/// Whether a test build was asked to plant the bug `name` (`HANDOFFS_PLANT=a,b`), so a check
-/// can show it fails; always false in a build without the `planted-bugs` feature.
-pub fn planted(name: &str) -> bool {
-    cfg!(feature = "planted-bugs")
-        && std::env::var("HANDOFFS_PLANT").is_ok_and(|v| v.split(',').any(|p| p == name))
-}
+pub use planted::{Plant, planted};

@@ -274,7 +274,7 @@ pub fn claim(_db: &Path, session: &Session) -> Result<File, String> {
         }
     }
     // The planted naive adapter resumes whatever holds the session.
-    if crate::planted("resume_beside_live") {
+    if crate::planted(crate::Plant::ResumeBesideLive) {
         return Ok(lock);
     }
     let config = config_dir(session.config_dir.as_deref())
@@ -718,7 +718,7 @@ pub fn activity(service: &RefCell<Service>, agent: &AgentRow) -> Activity {
             )),
         };
     }
-    if crate::planted("resume_beside_live") {
+    if crate::planted(crate::Plant::ResumeBesideLive) {
         return Activity::Idle;
     }
     let Some(config) = config_dir(session.config_dir.as_deref()) else {
@@ -798,7 +798,7 @@ pub async fn start(service: &RefCell<Service>, w: &Write<'_>) -> WriteOutcome {
         };
     }
     let session = session_of(w.agent);
-    if !crate::planted("resume_beside_live") {
+    if !crate::planted(crate::Plant::ResumeBesideLive) {
         match channel_now(service, w.agent, &session) {
             Ok(Some(channel)) => return super::channel::write(service, w, &channel).await,
             Err(detail) => return WriteOutcome::Refused { detail },

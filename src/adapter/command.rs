@@ -378,7 +378,9 @@ pub(crate) async fn start_supervised(
     // go of its lock: the retry (same request id) waits for it to finish, or its supervisor
     // would find the lock held and take it for a live run, or lose its card to the cleanup.
     let waited_from = std::time::Instant::now();
-    while supervisor_alive(w.db, w.request_id) && !crate::planted("retry_beside_supervisor") {
+    while supervisor_alive(w.db, w.request_id)
+        && !crate::planted(crate::Plant::RetryBesideSupervisor)
+    {
         if waited_from.elapsed() > START_WAIT {
             return WriteOutcome::Refused {
                 detail: "an earlier supervisor of this request still runs".to_owned(),

@@ -234,21 +234,12 @@ pub fn loopback_host(host: &str) -> bool {
             .is_ok_and(|ip| ip.is_loopback())
 }
 
-#[cfg(feature = "planted-bugs")]
-fn planted(name: &str) -> bool {
-    std::env::var("HANDOFFS_PLANT").is_ok_and(|v| v.split(',').any(|p| p == name))
-}
-#[cfg(not(feature = "planted-bugs"))]
-fn planted(_: &str) -> bool {
-    false
-}
-
 async fn host_check(
     state: Arc<AppState>,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    if !state.options.public_demo && !planted("web_host") {
+    if !state.options.public_demo && !crate::planted(crate::Plant::WebHost) {
         if req.headers().get_all(header::HOST).iter().count() > 1 {
             return error(StatusCode::BAD_REQUEST, "more than one Host header");
         }
@@ -285,7 +276,7 @@ async fn host_check(
 
 async fn page() -> Response {
     static POLICY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    let (page, policy) = if planted("web_xss") {
+    let (page, policy) = if crate::planted(crate::Plant::WebXss) {
         // The planted bug: message text reaches the DOM as HTML.
         let page = PAGE.replace(
             "document.createTextNode(String(k))",
@@ -478,7 +469,7 @@ async fn send(
     } else {
         false
     };
-    if !equal && !planted("web_token") {
+    if !equal && !crate::planted(crate::Plant::WebToken) {
         return error(
             StatusCode::UNAUTHORIZED,
             "X-Handoffs-Token is missing or wrong (it is the content of the database's .token file)",

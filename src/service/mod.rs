@@ -691,7 +691,7 @@ impl Service {
         // The planted bug `enrol_after_commit` (G8): the message is committed first and its
         // delivery in a second transaction, so a send killed in between leaves a message
         // that no delivery will ever carry until the engine's housekeeping finds it.
-        let enrol_late = crate::planted("enrol_after_commit");
+        let enrol_late = crate::planted(crate::Plant::EnrolAfterCommit);
         let sent = self.store.write(|tx| {
             for id in [from, to] {
                 if tx.agent(id)?.is_none() {

@@ -708,7 +708,9 @@ async fn talk(
             Some("the answer to thread/queue/add was lost".to_owned()),
         );
     }
-    let queued = if crate::planted("turn_start_codex") || crate::planted("turn_start_only") {
+    let queued = if crate::planted(crate::Plant::TurnStartCodex)
+        || crate::planted(crate::Plant::TurnStartOnly)
+    {
         // The planted naive adapter: a bare turn/start, folded into whatever turn runs.
         rpc.call(
             "turn/start",
@@ -1348,7 +1350,7 @@ pub async fn activity(service: &RefCell<Service>, agent: &AgentRow) -> Activity 
             detail: "no thread id: register the Codex thread with --endpoint".to_owned(),
         };
     }
-    if crate::planted("turn_start_codex") {
+    if crate::planted(crate::Plant::TurnStartCodex) {
         return Activity::Idle;
     }
     let Some(home) = home(thread.home.as_deref()) else {

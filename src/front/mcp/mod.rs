@@ -712,7 +712,7 @@ impl McpServer {
     ) -> CallToolResult {
         if let Some(key) = raw.keys().find(|k| identity_key(k)) {
             #[cfg(feature = "planted-bugs")]
-            let guarded = !planted("mcp_spoof");
+            let guarded = !crate::planted(crate::Plant::McpSpoof);
             #[cfg(not(feature = "planted-bugs"))]
             let guarded = true;
             if guarded {
@@ -1141,11 +1141,6 @@ fn message_of(m: &MessageRow) -> Value {
         "created_at": m.created_at,
         "read_at": m.read_at,
     })
-}
-
-#[cfg(feature = "planted-bugs")]
-fn planted(name: &str) -> bool {
-    std::env::var("HANDOFFS_PLANT").is_ok_and(|v| v.split(',').any(|p| p == name))
 }
 
 impl ServerHandler for McpServer {

@@ -8,6 +8,8 @@
 //! - a line that is not JSON: `-32700`, id null;
 //! - JSON that is not one object (a batch, a number): `-32600`, id null;
 //! - a request whose `params` is present but not an object: `-32602`, with its id;
+//! - a request of MCP's whose params do not fit (a `tools/call` without a name): `-32602`,
+//!   with its id (rmcp would say "method not found");
 //! - any other request rmcp cannot read: `-32600`, with its id when it has one;
 //! - a notification that cannot be read is dropped (a notification is never answered);
 //! - an unknown method reaches rmcp, which answers `-32601` with its id.
@@ -78,6 +80,19 @@ pub fn judge(line: &[u8]) -> Line {
         };
     }
     match serde_json::from_value::<RxJsonRpcMessage<RoleServer>>(value.clone()) {
+        // rmcp reads a standard request whose params do not fit as a custom one, and would
+        // answer "method not found"; the method is there, its params are wrong.
+        Ok(rmcp::model::JsonRpcMessage::Request(r))
+            if matches!(&r.request, rmcp::model::ClientRequest::CustomRequest(c)
+                if STANDARD_METHODS.contains(&c.method.as_str())) =>
+        {
+            let method = method.unwrap_or_default();
+            Line::Answer(error(
+                id.as_ref().unwrap_or(&Value::Null),
+                -32602,
+                &format!("Invalid params for {method}"),
+            ))
+        }
         Ok(message) => Line::Message(Box::new(message)),
         // An unreadable notification, or a response to nothing we asked: no answer.
         Err(_) if id.is_none() && method.is_some() => Line::Skip,
@@ -94,6 +109,23 @@ pub fn judge(line: &[u8]) -> Line {
         )),
     }
 }
+
+/// The requests of MCP a client sends (2025-06-18).
+const STANDARD_METHODS: &[&str] = &[
+    "initialize",
+    "ping",
+    "completion/complete",
+    "logging/setLevel",
+    "prompts/get",
+    "prompts/list",
+    "resources/list",
+    "resources/templates/list",
+    "resources/read",
+    "resources/subscribe",
+    "resources/unsubscribe",
+    "tools/call",
+    "tools/list",
+];
 
 fn error(id: &Value, code: i64, message: &str) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
@@ -252,9 +284,13 @@ mod tests {
             assert_eq!(a["id"], 4, "{params}");
             assert_eq!(a["error"]["code"], -32602, "{params}");
         }
-        let a = answer(r#"{"jsonrpc":"2.0","id":"a","method":"tools/call","params":{"name":5}}"#);
-        assert_eq!(a["id"], "a");
-        assert_eq!(a["error"]["code"], -32600);
+        for params in [r#"{"name":5}"#, "{}"] {
+            let a = answer(&format!(
+                r#"{{"jsonrpc":"2.0","id":"a","method":"tools/call","params":{params}}}"#
+            ));
+            assert_eq!(a["id"], "a");
+            assert_eq!(a["error"]["code"], -32602);
+        }
     }
 
     #[test]

@@ -1,0 +1,94 @@
+//! Bugs planted on purpose, so a test can show that the check for a guarantee fails when the
+//! product breaks it. The delivery rules' own plants live in `model::PlantedBug` (set through
+//! the policy, so the model checker and the simulation sweep them); every plant outside the
+//! model is one variant here, switched on by name in `HANDOFFS_PLANT=a,b` — and only in a
+//! build with the `planted-bugs` feature: elsewhere [`planted`] is `false` and the branches it
+//! guards are compiled out.
+
+/// A plant outside the delivery rules.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Plant {
+    /// `send` enrols the delivery after its message's commit (G8, a kill in between).
+    EnrolAfterCommit,
+    /// A Claude write resumes the session beside the person's live process (G3).
+    ResumeBesideLive,
+    /// A Codex write by `turn/start`, without the queue and the holder check (G3).
+    TurnStartCodex,
+    /// A Codex write by `turn/start` alone, its looks right (G3 at the send boundary).
+    TurnStartOnly,
+    /// A refused write's retry starts beside its first supervisor (G4).
+    RetryBesideSupervisor,
+    /// The workspace lease is claimed without its transaction's check (two writers).
+    LeaseRace,
+    /// The MCP identity guard is off (a tool may name another sender).
+    McpSpoof,
+    /// The live page answers any Host header.
+    WebHost,
+    /// The live page inserts text unescaped.
+    WebXss,
+    /// The live page takes writes without the token.
+    WebToken,
+}
+
+impl Plant {
+    pub const ALL: [Plant; 10] = [
+        Plant::EnrolAfterCommit,
+        Plant::ResumeBesideLive,
+        Plant::TurnStartCodex,
+        Plant::TurnStartOnly,
+        Plant::RetryBesideSupervisor,
+        Plant::LeaseRace,
+        Plant::McpSpoof,
+        Plant::WebHost,
+        Plant::WebXss,
+        Plant::WebToken,
+    ];
+
+    /// Its name in `HANDOFFS_PLANT`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Plant::EnrolAfterCommit => "enrol_after_commit",
+            Plant::ResumeBesideLive => "resume_beside_live",
+            Plant::TurnStartCodex => "turn_start_codex",
+            Plant::TurnStartOnly => "turn_start_only",
+            Plant::RetryBesideSupervisor => "retry_beside_supervisor",
+            Plant::LeaseRace => "lease_race",
+            Plant::McpSpoof => "mcp_spoof",
+            Plant::WebHost => "web_host",
+            Plant::WebXss => "web_xss",
+            Plant::WebToken => "web_token",
+        }
+    }
+}
+
+/// Whether a test build was asked to plant `plant`; always false without `planted-bugs`.
+pub fn planted(plant: Plant) -> bool {
+    cfg!(feature = "planted-bugs")
+        && std::env::var("HANDOFFS_PLANT")
+            .is_ok_and(|v| v.split(',').any(|p| p.trim() == plant.name()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Plant;
+
+    /// Every plant CI switches on exists: a misspelt name would plant nothing, and the
+    /// check meant to catch it would "pass" for the wrong reason.
+    #[test]
+    fn every_plant_named_in_ci_exists() {
+        let ci = include_str!("../.ci/run");
+        let known: Vec<&str> = Plant::ALL.iter().map(|p| p.name()).collect();
+        let mut seen = 0;
+        for part in ci.split("HANDOFFS_PLANT=").skip(1) {
+            let names = part.split([' ', '\\', '\n']).next().unwrap_or_default();
+            for name in names.split(',').filter(|n| !n.is_empty()) {
+                assert!(known.contains(&name), "CI plants an unknown bug {name:?}");
+                seen += 1;
+            }
+        }
+        assert!(seen >= 5, "CI plants {seen} bugs by name");
+        for (i, a) in known.iter().enumerate() {
+            assert!(!known[i + 1..].contains(a), "two plants named {a}");
+        }
+    }
+}
