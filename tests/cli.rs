@@ -640,3 +640,24 @@ fn outage_presets_take_the_product_names() {
         "openai-codex",
     );
 }
+
+/// `status` says when no engine runs: never one, or one that stopped reporting (the same
+/// rule the page and the MCP server use).
+#[test]
+fn status_says_when_the_engine_is_not_running() {
+    let w = two_agents();
+    w.ok(&["send", "a", "b", "hello"]);
+    let out = w.ok(&["status"]);
+    assert!(out.contains("queued (1)"), "{out}");
+    assert!(out.contains("engine: no pass yet"), "{out}");
+    let mut store = handoffs::store::Store::open(&w.db).unwrap();
+    let long_ago = handoffs::store::millis(handoffs::clock::now()) - 10 * 60 * 1000;
+    store
+        .write(|tx| tx.save_report(long_ago, &serde_json::json!({})))
+        .unwrap();
+    let out = w.ok(&["status"]);
+    assert!(out.contains("engine: not running (last pass"), "{out}");
+    w.ok(&["tick"]);
+    let out = w.ok(&["status"]);
+    assert!(out.contains("engine: last pass"), "{out}");
+}

@@ -513,6 +513,10 @@ fn out(line: &str) {
     }
 }
 
+fn millis_now() -> i64 {
+    crate::store::millis(crate::clock::now())
+}
+
 fn when(ms: i64) -> String {
     let t = std::time::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
     humantime::format_rfc3339_seconds(t).to_string()
@@ -1289,7 +1293,13 @@ fn status(cli: &Cli, id: Option<&str>) -> Result<(), Failure> {
         }
         section(&mut out, "recent", &o.recent);
         match o.engine_reported_at {
-            Some(at) => out.push_str(&format!("engine: last pass {}\n", when(at))),
+            Some(at) if crate::service::engine_alive(Some(at), millis_now()) => {
+                out.push_str(&format!("engine: last pass {}\n", when(at)));
+            }
+            Some(at) => out.push_str(&format!(
+                "engine: not running (last pass {}); nothing is delivered until `handoffs run` or `serve` runs\n",
+                when(at)
+            )),
             None => out.push_str(
                 "engine: no pass yet; start one with `handoffs run` or `handoffs tick`\n",
             ),

@@ -41,7 +41,6 @@ pub const BODY_LIMIT: usize = 4 << 20;
 /// response starts at once).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// An engine that has not reported for this long is shown as not running.
-const ENGINE_ALIVE_MS: i64 = 120_000;
 /// Shortest token the server accepts (init writes 64 hex digits).
 const TOKEN_MIN: usize = 16;
 const SNAPSHOT_POLL: Duration = Duration::from_millis(100);
@@ -756,9 +755,7 @@ pub fn build(svc: &mut Service, options: &WebOptions) -> Result<Snapshot, Servic
             }
         }
     }
-    let engine_alive = overview
-        .engine_reported_at
-        .is_some_and(|at| now - at <= ENGINE_ALIVE_MS);
+    let engine_alive = crate::service::engine_alive(overview.engine_reported_at, now);
     let counts: serde_json::Map<String, Value> = overview
         .counts
         .iter()

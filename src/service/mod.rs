@@ -25,6 +25,16 @@ pub const ID_CHARS_MAX: usize = 200;
 pub const DUE_MINUTES_MAX: i64 = 43_200;
 pub const ID_PREFIX_MIN: usize = 6;
 
+/// An engine that has not reported for this long is taken as not running (an engine
+/// reports about once a second while it runs).
+pub const ENGINE_QUIET_MS: i64 = 120_000;
+
+/// Whether an engine that last reported at `reported_at` counts as running at `now`: the one
+/// liveness rule the page, the MCP server and the CLI share.
+pub fn engine_alive(reported_at: Option<i64>, now: i64) -> bool {
+    reported_at.is_some_and(|at| now - at <= ENGINE_QUIET_MS)
+}
+
 /// Why an operation did not happen. Every front maps these in one place.
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {

@@ -35,8 +35,6 @@ use std::time::Duration;
 
 /// Longest `wait_for_messages` (seconds).
 pub const WAIT_MAX_SECONDS: u64 = 50;
-/// An engine that has not reported for this long is taken as not running.
-pub const ENGINE_QUIET_MS: i64 = 120_000;
 
 /// Argument names that would name an acting agent. Compared after lower-casing and dropping
 /// everything but letters and digits, so `fromAgent`, `from_agent` and `From-Agent` all match.
@@ -678,10 +676,10 @@ impl McpServer {
         }
         let reported = self.service().engine_reported_at().ok().flatten();
         match reported {
-            Some(at) if now - at <= ENGINE_QUIET_MS => {
+            Some(at) if crate::service::engine_alive(Some(at), now) => {
                 self.inner
                     .engine_alive_until
-                    .store(at + ENGINE_QUIET_MS, Ordering::Relaxed);
+                    .store(at + crate::service::ENGINE_QUIET_MS, Ordering::Relaxed);
                 None
             }
             reported => {
