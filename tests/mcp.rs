@@ -531,3 +531,134 @@ fn random_lines_get_one_answer_per_request_with_an_id() {
     );
     assert_eq!(parse_errors, junk, "one -32700 per line that is not JSON");
 }
+
+/// CLI `task pass` and MCP `pass_handoff` are one operation: the same registration check,
+/// the same ledger record and the same handoff telling the next agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_pass_on_the_cli_and_over_mcp_do_the_same() {
+    let (w, root) = world();
+    let cli = |args: &[&str]| -> Value {
+        let mut all = vec!["--json"];
+        all.extend_from_slice(args);
+        let out = w.cmd().current_dir(&root).args(&all).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    // Over MCP.
+    let alice = connect(server(&w, "alice", &root, None)).await;
+    let t = ok(&call(
+        &alice,
+        "create_handoff",
+        json!({"title": "Over MCP", "goal": "g"}),
+    )
+    .await);
+    let mcp_task = t["task"]["id"].as_str().unwrap().to_owned();
+    ok(&call(&alice, "claim_handoff", json!({"task_id": mcp_task})).await);
+    let refused = err_text(
+        &call(
+            &alice,
+            "pass_handoff",
+            json!({"task_id": mcp_task, "summary": "s", "next_action": "n", "target_agent": "nobody"}),
+        )
+        .await,
+    );
+    let by_mcp = ok(&call(
+        &alice,
+        "pass_handoff",
+        json!({"task_id": mcp_task, "summary": "s", "next_action": "review it", "target_agent": "bob"}),
+    )
+    .await);
+    // On the command line.
+    let t = cli(&[
+        "task",
+        "create",
+        "--as",
+        "alice",
+        "--title",
+        "On the CLI",
+        "--goal",
+        "g",
+    ]);
+    let cli_task = t["id"]
+        .as_str()
+        .or(t["task"]["id"].as_str())
+        .unwrap()
+        .to_owned();
+    let claimed = cli(&["task", "claim", &cli_task, "--as", "alice"]);
+    let token = claimed["lease"]["token"].as_str().unwrap().to_owned();
+    let out = w
+        .cmd()
+        .current_dir(&root)
+        .args([
+            "task",
+            "pass",
+            &cli_task,
+            "--as",
+            "alice",
+            "--token",
+            &token,
+            "--summary",
+            "s",
+            "--next",
+            "n",
+            "--to",
+            "nobody",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let cli_refused = String::from_utf8_lossy(&out.stderr).into_owned();
+    let by_cli = cli(&[
+        "task",
+        "pass",
+        &cli_task,
+        "--as",
+        "alice",
+        "--token",
+        &token,
+        "--summary",
+        "s",
+        "--next",
+        "review it",
+        "--to",
+        "bob",
+    ]);
+    // The same refusal, the same record, the same notification.
+    assert!(
+        refused.contains("unknown agent \\\"nobody\\\""),
+        "{refused}"
+    );
+    assert!(
+        cli_refused.contains("unknown agent \"nobody\""),
+        "{cli_refused}"
+    );
+    let keys = |v: &Value| v.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
+    assert_eq!(keys(&by_mcp), keys(&by_cli));
+    for v in [&by_mcp, &by_cli] {
+        assert_eq!(v["task"]["state"], "queued", "{v}");
+        assert_eq!(v["task"]["target_agent"], "bob", "{v}");
+        assert!(v["notice"]["message_id"].is_string(), "{v}");
+    }
+    let inbox = cli(&["inbox", "bob"]);
+    let texts: Vec<String> = inbox
+        .as_array()
+        .or(inbox["messages"].as_array())
+        .unwrap()
+        .iter()
+        .map(|m| {
+            m["body"]
+                .as_str()
+                .unwrap()
+                .replace(&mcp_task, "ID")
+                .replace(&cli_task, "ID")
+                .replace("Over MCP", "TITLE")
+                .replace("On the CLI", "TITLE")
+        })
+        .collect();
+    assert_eq!(texts.len(), 2, "{inbox}");
+    assert_eq!(texts[0], texts[1]);
+}

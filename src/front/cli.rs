@@ -751,21 +751,33 @@ fn task(cli: &Cli, cmd: &TaskCmd) -> Result<(), Failure> {
             files,
             target,
         } => {
-            known(target)?;
-            let p = l.pass(
-                &actor.as_agent,
-                id,
+            let pass = crate::service::tasks::Pass {
+                task_id: id,
                 token,
                 summary,
                 next_action,
-                files,
+                changed_files: files,
                 target,
+            };
+            let p = crate::service::tasks::pass_task(
+                open(cli).ok().as_mut(),
+                &mut l,
+                &actor.as_agent,
+                &pass,
             )?;
             emit(cli, &p, || {
+                let told = p
+                    .notice
+                    .get("message_id")
+                    .and_then(Value::as_str)
+                    .map_or_else(
+                        || format!("; {}", p.notice.as_str().unwrap_or_default()),
+                        |m| format!("; told with message {}", short(m)),
+                    );
                 format!(
-                    "passed to {target}: {} ({} handoffs left)",
-                    line(&p.task),
-                    p.handoffs_left
+                    "passed to {target}: {} ({} handoffs left){told}",
+                    line(&p.passed.task),
+                    p.passed.handoffs_left
                 )
             });
         }

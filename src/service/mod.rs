@@ -5,6 +5,7 @@
 
 pub mod card;
 pub mod deliveries;
+pub mod tasks;
 
 use crate::store::{
     AgentRow, DeliveryRow, EventRow, IdTable, MessageRow, Store, StoreError, Tx, WorkRow, millis,

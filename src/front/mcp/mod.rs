@@ -894,23 +894,20 @@ impl McpServer {
             }
             "pass_handoff" => {
                 let a: PassArgs = args(name, raw)?;
-                self.registered(&a.target_agent)?;
                 let token = self.token(&a.task_id, a.lease_token)?;
+                let pass = crate::service::tasks::Pass {
+                    task_id: &a.task_id,
+                    token: &token,
+                    summary: &a.summary,
+                    next_action: &a.next_action,
+                    changed_files: a.changed_files.as_deref().unwrap_or(&[]),
+                    target: &a.target_agent,
+                };
+                let mut service = self.service();
                 let p = self.with_ledger(|l| {
-                    l.pass(
-                        me,
-                        &a.task_id,
-                        &token,
-                        &a.summary,
-                        &a.next_action,
-                        a.changed_files.as_deref().unwrap_or(&[]),
-                        &a.target_agent,
-                    )
+                    crate::service::tasks::pass_task(Some(&mut service), l, me, &pass)
                 })?;
-                let mut v = serde_json::to_value(&p).unwrap_or_default();
-                v["notice"] =
-                    self.notify_target(&p.task.id, &p.task.title, &a.target_agent, &a.next_action);
-                Ok(v)
+                Ok(serde_json::to_value(&p).unwrap_or_default())
             }
             "complete_handoff" => {
                 let a: CompleteArgs = args(name, raw)?;
@@ -985,29 +982,6 @@ impl McpServer {
             other => Err(ToolError(format!(
                 "no tool named {other:?}; tools/list names them"
             ))),
-        }
-    }
-
-    /// Tells the target of a passed task, through the delivery layer, when it is a registered
-    /// agent. The pass itself is already committed; this only reports what happened.
-    fn notify_target(&self, task_id: &str, title: &str, target: &str, next: &str) -> Value {
-        let me = self.inner.agent.as_str();
-        if target == me {
-            return json!("queued for yourself; no message sent");
-        }
-        let text = format!(
-            "Task {task_id} ({title}) is queued for you in the shared ledger. Next action: {next}\n\
-             Claim it with claim_handoff (task_id {task_id}) before you change the workspace."
-        );
-        let key = format!("task-pass:{task_id}:{}", crate::clock::new_id());
-        match self
-            .service()
-            .send(me, target, &text, None, None, Some(&key))
-        {
-            Ok(sent) => json!({ "message_id": sent.message.id }),
-            Err(e) => json!(format!(
-                "the task is queued, but {target} was not sent a message: {e}"
-            )),
         }
     }
 
