@@ -661,3 +661,41 @@ fn status_says_when_the_engine_is_not_running() {
     let out = w.ok(&["status"]);
     assert!(out.contains("engine: last pass"), "{out}");
 }
+
+/// A delivery row damaged by hand is read back as a clear error naming it, never acted on as
+/// some other state: the engine goes on with the others.
+#[test]
+fn a_damaged_delivery_record_is_named_and_never_acted_on() {
+    let w = two_agents();
+    w.ok(&["agent", "add", "c", "--provider", "demo"]);
+    let sent = w.json(&["send", "a", "b", "one"]);
+    let bad = sent["message"]["id"].as_str().unwrap().to_owned();
+    let sent = w.json(&["send", "a", "c", "two"]);
+    let good = sent["message"]["id"].as_str().unwrap().to_owned();
+    let conn = rusqlite::Connection::open(&w.db).unwrap();
+    let record: String = conn
+        .query_row(
+            "SELECT record FROM deliveries WHERE message_id = ?1",
+            [&bad],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let mut record: serde_json::Value = serde_json::from_str(&record).unwrap();
+    record["core"]["earlier_request_ids"] = serde_json::json!(["x"]);
+    conn.execute(
+        "UPDATE deliveries SET record = ?1 WHERE message_id = ?2",
+        rusqlite::params![record.to_string(), bad],
+    )
+    .unwrap();
+    drop(conn);
+    assert_fails(
+        &w,
+        &["status", &bad],
+        1,
+        &format!("stored record for {bad} is invalid"),
+    );
+    let tick = w.run(&["tick"]);
+    assert!(tick.status.success());
+    assert!(String::from_utf8_lossy(&tick.stdout).contains(&format!("{bad}: stored record")));
+    assert_eq!(w.json(&["status", &good])["state"], "ACCEPTED");
+}

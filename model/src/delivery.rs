@@ -403,8 +403,10 @@ impl Delivery {
         }
     }
 
-    /// Checks the invariants SPEC §2 implies for a single record under `policy`.
+    /// Checks the invariants SPEC §2 implies for a single record under `policy`: its shape
+    /// ([`Delivery::check_shape`]) and the policy's bounds.
     pub fn validate(&self, policy: &Policy) -> Result<(), Invalid> {
+        self.check_shape()?;
         let core = self.core();
         let bad = |why: String| Err(Invalid(why));
         if core.error_resends > policy.error_resends_max {
@@ -413,6 +415,35 @@ impl Delivery {
         if core.interrupt_resends > policy.interrupt_resends_max {
             return bad(format!("{} interrupt resends", core.interrupt_resends));
         }
+        if core.refusals > policy.refusal_retries_max + 1 {
+            return bad(format!("{} refusals", core.refusals));
+        }
+        match self {
+            Delivery::Cancelled(Cancelled {
+                by:
+                    CancelledBy::HistoryScans {
+                        scans,
+                        first_at,
+                        last_at,
+                    },
+                ..
+            }) if *scans < policy.history_scans_min
+                || last_at.since(*first_at) < policy.history_scan_span_ms =>
+            {
+                bad(format!(
+                    "cancelled after {scans} scans over {}ms",
+                    last_at.since(*first_at)
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The invariants every record holds whatever the policy it was made under: what a
+    /// stored record is checked against when it is read back.
+    pub fn check_shape(&self) -> Result<(), Invalid> {
+        let core = self.core();
+        let bad = |why: String| Err(Invalid(why));
         let resends = core.error_resends + core.interrupt_resends;
         if core.earlier_request_ids.len() != resends as usize {
             return bad(format!(
@@ -425,9 +456,6 @@ impl Delivery {
         ids.sort();
         if ids.windows(2).any(|w| w[0] == w[1]) {
             return bad("a request id is reused".to_owned());
-        }
-        if core.refusals > policy.refusal_retries_max + 1 {
-            return bad(format!("{} refusals", core.refusals));
         }
         if self.class() == Class::Active && core.attempts == 0 {
             return bad(format!("{} without a reserved attempt", self.kind()));
@@ -442,26 +470,6 @@ impl Delivery {
                 }
                 _ => Ok(()),
             },
-            Delivery::Cancelled(Cancelled {
-                by:
-                    CancelledBy::HistoryScans {
-                        scans,
-                        first_at,
-                        last_at,
-                    },
-                ..
-            }) => {
-                if *scans < policy.history_scans_min
-                    || last_at.since(*first_at) < policy.history_scan_span_ms
-                {
-                    bad(format!(
-                        "cancelled after {scans} scans over {}ms",
-                        last_at.since(*first_at)
-                    ))
-                } else {
-                    Ok(())
-                }
-            }
             _ => Ok(()),
         }
     }

@@ -1567,10 +1567,26 @@ fn decode_delivery(
     due_at: Option<i64>,
     updated_at: i64,
 ) -> Result<DeliveryRow> {
-    let record: Delivery = serde_json::from_str(json).map_err(|e| StoreError::BadRecord {
+    let bad = |detail: String| StoreError::BadRecord {
         message: message_id.clone(),
-        detail: e.to_string(),
-    })?;
+        detail,
+    };
+    let record: Delivery = serde_json::from_str(json).map_err(|e| bad(e.to_string()))?;
+    // Read back, a record must still be one `step` could have made: a row edited by hand or
+    // damaged is a clear error naming it, never a wrong state acted on.
+    record.check_shape().map_err(|e| bad(e.to_string()))?;
+    if record.core().message().as_str() != message_id {
+        return Err(bad(format!(
+            "its record belongs to message {}",
+            record.core().message()
+        )));
+    }
+    if record.core().target().agent.as_str() != recipient {
+        return Err(bad(format!(
+            "its record is addressed to {}, its row to {recipient}",
+            record.core().target().agent
+        )));
+    }
     Ok(DeliveryRow {
         message_id,
         recipient,
