@@ -860,7 +860,7 @@ async fn driver(
         let done = svc.store.read(|tx| {
             let mut out = Vec::new();
             for w in tx.open_work(1_000)? {
-                if matches!(w.state.as_str(), "assigned" | "accepted")
+                if w.state.is_open()
                     && let Some(d) = tx.delivery(&w.id)?
                     && d.record.kind() == StateKind::Returned
                 {

@@ -7,9 +7,68 @@
 use crate::ids::Millis;
 use crate::policy::{PlantedBug, Policy};
 
-/// Whether work in this state is open: assigned or accepted (not returned, blocked or closed).
-pub fn is_open(state: &str) -> bool {
-    matches!(state, "assigned" | "accepted")
+/// Where a work contract stands (SPEC §2.5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkState {
+    /// Given, not yet accepted.
+    Assigned,
+    /// Accepted by its recipient.
+    Accepted,
+    /// Returned done, waiting for its sender to close it.
+    Returned,
+    /// Returned as blocked.
+    Blocked,
+    /// Closed by its sender.
+    Closed,
+}
+
+impl WorkState {
+    /// The states in which work is open: the one definition of "open".
+    pub const OPEN: [WorkState; 2] = [WorkState::Assigned, WorkState::Accepted];
+
+    /// Whether work in this state is open: assigned or accepted (not returned, blocked or
+    /// closed). Open work can be returned, and its sender is reminded when it is overdue.
+    pub fn is_open(self) -> bool {
+        Self::OPEN.contains(&self)
+    }
+
+    /// Returned, done or blocked: waiting for its sender to close it.
+    pub fn is_returned(self) -> bool {
+        matches!(self, WorkState::Returned | WorkState::Blocked)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkState::Assigned => "assigned",
+            WorkState::Accepted => "accepted",
+            WorkState::Returned => "returned",
+            WorkState::Blocked => "blocked",
+            WorkState::Closed => "closed",
+        }
+    }
+}
+
+impl std::fmt::Display for WorkState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for WorkState {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        [
+            WorkState::Assigned,
+            WorkState::Accepted,
+            WorkState::Returned,
+            WorkState::Blocked,
+            WorkState::Closed,
+        ]
+        .into_iter()
+        .find(|w| w.as_str() == s)
+        .ok_or_else(|| format!("no work state {s:?}"))
+    }
 }
 
 /// When the sender of this work should be reminded, if ever: its due time, while the work is

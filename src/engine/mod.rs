@@ -390,7 +390,7 @@ impl Engine {
             let overdue = tx.overdue_unreminded(millis(now))?.into_iter().filter(|w| {
                 model::work::reminder_due(
                     w.due_at.map(at),
-                    model::work::is_open(&w.state),
+                    w.state.is_open(),
                     w.reminded_at.map(at),
                     at(millis(now)),
                     &policy,

@@ -361,11 +361,8 @@ fn topic_of(title: &str) -> String {
 fn demo_round(svc: &mut Service, next_topic: &mut usize) -> Result<usize, ServiceError> {
     let work = svc.store.read(|tx| tx.open_work(1_000))?;
     let mut did = 0;
-    for w in work
-        .iter()
-        .filter(|w| matches!(w.state.as_str(), "returned" | "blocked"))
-    {
-        let outcome = if w.state == "blocked" {
+    for w in work.iter().filter(|w| w.state.is_returned()) {
+        let outcome = if w.state == model::work::WorkState::Blocked {
             Outcome::Blocked
         } else {
             Outcome::Accepted
@@ -388,10 +385,7 @@ fn demo_round(svc: &mut Service, next_topic: &mut usize) -> Result<usize, Servic
         svc.send(&from, &to, &body, Some(&title), Some(30), None)?;
         did += 1;
     }
-    let open = work
-        .iter()
-        .filter(|w| matches!(w.state.as_str(), "assigned" | "accepted"))
-        .count();
+    let open = work.iter().filter(|w| w.state.is_open()).count();
     if open < 3 {
         let t = TOPICS[*next_topic % TOPICS.len()];
         *next_topic += 1;

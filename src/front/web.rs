@@ -721,9 +721,7 @@ pub fn build(svc: &mut Service, options: &WebOptions) -> Result<Snapshot, Servic
         }
         v
     };
-    let overdue = |w: &WorkRow| {
-        w.due_at.is_some_and(|d| d <= now) && matches!(w.state.as_str(), "assigned" | "accepted")
-    };
+    let overdue = |w: &WorkRow| w.due_at.is_some_and(|d| d <= now) && w.state.is_open();
     let mut needs: Vec<Value> = overview
         .needs_attention
         .iter()

@@ -10,6 +10,7 @@ pub mod tasks;
 use crate::store::{
     AgentRow, DeliveryRow, EventRow, IdTable, MessageRow, Store, StoreError, Tx, WorkRow, millis,
 };
+use model::work::WorkState;
 use model::{
     Core, Delivery, EventKind, MessageId, MessageKind, Millis, Permission, Provider, RequestId,
     StateKind, Target,
@@ -331,9 +332,9 @@ fn connection_allowed(tx: &Tx<'_>, from: &str, to: &str) -> Result<bool, StoreEr
 /// until its recipient reads it.
 pub fn work_open(tx: &Tx<'_>, message: &MessageRow) -> Result<bool, StoreError> {
     match &message.work_id {
-        Some(work_id) if message.kind == "work" => Ok(tx
-            .work(work_id)?
-            .is_some_and(|w| matches!(w.state.as_str(), "assigned" | "accepted"))),
+        Some(work_id) if message.kind == "work" => {
+            Ok(tx.work(work_id)?.is_some_and(|w| w.state.is_open()))
+        }
         _ => Ok(message.read_at.is_none()),
     }
 }
@@ -755,7 +756,7 @@ impl Service {
                     sender: from.to_owned(),
                     recipient: to.to_owned(),
                     title: title.to_owned(),
-                    state: "assigned".to_owned(),
+                    state: WorkState::Assigned,
                     due_at: due_minutes.map(|m| millis(now) + m * 60_000),
                     reminded_at: None,
                     summary: None,
@@ -884,12 +885,12 @@ impl Service {
             if w.recipient != actor {
                 return refused(format!("only {} can accept this work", w.recipient));
             }
-            match w.state.as_str() {
-                "accepted" => return Ok(w),
-                "assigned" => {}
+            match w.state {
+                WorkState::Accepted => return Ok(w),
+                WorkState::Assigned => {}
                 other => return refused(format!("the work is already {other}")),
             }
-            "accepted".clone_into(&mut w.state);
+            w.state = WorkState::Accepted;
             w.updated_at = now;
             tx.update_work(&w)?;
             tx.event(now, Some(&id), "work", &format!("accepted by {actor}"))?;
@@ -921,10 +922,14 @@ impl Service {
             if w.recipient != actor {
                 return refused(format!("only {} can return this work", w.recipient));
             }
-            if !matches!(w.state.as_str(), "assigned" | "accepted") {
+            if !w.state.is_open() {
                 return refused(format!("the work was already {}", w.state));
             }
-            if blocked { "blocked" } else { "returned" }.clone_into(&mut w.state);
+            w.state = if blocked {
+                WorkState::Blocked
+            } else {
+                WorkState::Returned
+            };
             w.summary = Some(summary.to_owned());
             w.evidence = evidence.map(str::to_owned);
             w.updated_at = millis(now);
@@ -983,10 +988,10 @@ impl Service {
                     w.sender
                 ));
             }
-            if w.state == "closed" {
+            if w.state == WorkState::Closed {
                 return refused("the work is already closed");
             }
-            "closed".clone_into(&mut w.state);
+            w.state = WorkState::Closed;
             w.outcome = Some(outcome.as_str().to_owned());
             w.note = note.map(str::to_owned);
             w.updated_at = now;

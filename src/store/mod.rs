@@ -5,7 +5,11 @@
 
 mod migrations;
 
+use model::work::WorkState;
 use model::{Delivery, Millis, StateKind};
+
+/// Open work in SQL: the states of [`WorkState::OPEN`] (a test keeps the two in step).
+const OPEN_WORK: &str = "state IN ('assigned', 'accepted')";
 use rusqlite::{
     Connection, OpenFlags, OptionalExtension, Transaction, TransactionBehavior, params,
 };
@@ -486,7 +490,7 @@ pub struct WorkRow {
     pub sender: String,
     pub recipient: String,
     pub title: String,
-    pub state: String,
+    pub state: WorkState,
     pub due_at: Option<i64>,
     pub reminded_at: Option<i64>,
     pub summary: Option<String>,
@@ -632,7 +636,12 @@ fn work_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<WorkRow> {
         sender: r.get(1)?,
         recipient: r.get(2)?,
         title: r.get(3)?,
-        state: r.get(4)?,
+        state: {
+            let text: String = r.get(4)?;
+            text.parse().map_err(|e: String| {
+                rusqlite::Error::FromSqlConversionFailure(4, rusqlite::types::Type::Text, e.into())
+            })?
+        },
         due_at: r.get(5)?,
         reminded_at: r.get(6)?,
         summary: r.get(7)?,
@@ -873,7 +882,7 @@ impl Tx<'_> {
         self.tx.execute(
             &format!("INSERT INTO work ({WORK_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"),
             params![
-                w.id, w.sender, w.recipient, w.title, w.state, w.due_at, w.reminded_at, w.summary,
+                w.id, w.sender, w.recipient, w.title, w.state.as_str(), w.due_at, w.reminded_at, w.summary,
                 w.evidence, w.outcome, w.note, w.created_at, w.updated_at
             ],
         )?;
@@ -894,7 +903,7 @@ impl Tx<'_> {
                outcome = ?6, note = ?7, updated_at = ?8 WHERE id = ?1",
             params![
                 w.id,
-                w.state,
+                w.state.as_str(),
                 w.reminded_at,
                 w.summary,
                 w.evidence,
@@ -919,7 +928,7 @@ impl Tx<'_> {
         let mut st = self.tx.prepare_cached(&format!(
             "SELECT {WORK_COLS} FROM work
              WHERE due_at IS NOT NULL AND due_at <= ?1 AND reminded_at IS NULL
-               AND state IN ('assigned', 'accepted') ORDER BY due_at"
+               AND {OPEN_WORK} ORDER BY due_at"
         ))?;
         let rows = st.query_map([now], work_from)?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
@@ -929,11 +938,10 @@ impl Tx<'_> {
     pub fn next_reminder_at(&self) -> Result<Option<i64>> {
         Ok(self
             .tx
-            .prepare_cached(
+            .prepare_cached(&format!(
                 "SELECT min(due_at) FROM work
-                 WHERE due_at IS NOT NULL AND reminded_at IS NULL
-                   AND state IN ('assigned', 'accepted')",
-            )?
+                 WHERE due_at IS NOT NULL AND reminded_at IS NULL AND {OPEN_WORK}"
+            ))?
             .query_row([], |r| r.get(0))?)
     }
 
@@ -1219,12 +1227,14 @@ impl Tx<'_> {
     /// Open work (not closed): how much in all, how much overdue at `now`, and how much per
     /// recipient.
     pub fn work_counts(&self, now: i64) -> Result<WorkCounts> {
-        let (open, overdue) = self.tx.prepare_cached(
-            "SELECT count(*),
-                    coalesce(sum(state IN ('assigned', 'accepted') AND due_at IS NOT NULL AND due_at <= ?1), 0)
-             FROM work WHERE state != 'closed'",
-        )?
-        .query_row([now], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        let (open, overdue) = self
+            .tx
+            .prepare_cached(&format!(
+                "SELECT count(*),
+                    coalesce(sum({OPEN_WORK} AND due_at IS NOT NULL AND due_at <= ?1), 0)
+             FROM work WHERE state != 'closed'"
+            ))?
+            .query_row([now], |r| Ok((r.get(0)?, r.get(1)?)))?;
         let mut st = self.tx.prepare_cached(
             "SELECT recipient, count(*) FROM work WHERE state != 'closed' GROUP BY recipient",
         )?;
@@ -1236,7 +1246,7 @@ impl Tx<'_> {
     pub fn newest_open_work(&self, overdue_at: Option<i64>, limit: i64) -> Result<Vec<WorkRow>> {
         let mut st = self.tx.prepare_cached(&format!(
             "SELECT {WORK_COLS} FROM work WHERE state != 'closed'
-               AND (?1 IS NULL OR (state IN ('assigned', 'accepted') AND due_at IS NOT NULL AND due_at <= ?1))
+               AND (?1 IS NULL OR ({OPEN_WORK} AND due_at IS NOT NULL AND due_at <= ?1))
              ORDER BY created_at DESC LIMIT ?2"
         ))?;
         let rows = st.query_map(rusqlite::params![overdue_at, limit], work_from)?;
@@ -1599,4 +1609,19 @@ fn decode_delivery(
 /// Milliseconds since the epoch, as stored.
 pub fn millis(m: Millis) -> i64 {
     i64::try_from(m.0).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{OPEN_WORK, WorkState};
+
+    /// The SQL spelling of open work names exactly the open states.
+    #[test]
+    fn open_work_in_sql_is_the_open_states() {
+        let named: Vec<String> = WorkState::OPEN
+            .iter()
+            .map(|s| format!("'{}'", s.as_str()))
+            .collect();
+        assert_eq!(OPEN_WORK, format!("state IN ({})", named.join(", ")));
+    }
 }
