@@ -176,10 +176,11 @@ fn an_incomplete_scan_between_two_complete_ones_does_not_count() {
 }
 
 /// A release is judged by the rules of the engine whose write may be in flight, not by
-/// SPEC's defaults in the releasing process: here the engine gives a write 1.5 s before it is
-/// UNCERTAIN, so a person's release 2 s into a write that never answers goes through (with
-/// SPEC's 60 s it would be refused as "in flight"; with an engine allowing longer than SPEC,
-/// the same mix-up would free the recipient under a write that may still land).
+/// SPEC's defaults in the releasing process: here the engine gives a write 1.5 s before it
+/// counts as of unknown outcome, so a person's release 2 s into a write that never answers
+/// goes through, as it would once the engine had made it UNCERTAIN (judged by SPEC's 60 s,
+/// the same release would be refused as "in flight": the person and the engine disagreeing
+/// about the same write).
 #[test]
 fn a_release_is_judged_by_the_running_engines_policy() {
     let w = World::new();
