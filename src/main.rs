@@ -39,7 +39,7 @@ fn main() -> ExitCode {
     match cli::run(&cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
-            if f.code != 130 || !f.message.is_empty() {
+            if !f.message.is_empty() || !matches!(f.code, 129 | 130 | 143) {
                 eprintln!("handoffs: {}", f.message);
             }
             ExitCode::from(f.code)

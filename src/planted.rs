@@ -2,8 +2,10 @@
 //! product breaks it. The delivery rules' own plants live in `model::PlantedBug` (set through
 //! the policy, so the model checker and the simulation sweep them); every plant outside the
 //! model is one variant here, switched on by name in `HANDOFFS_PLANT=a,b` — and only in a
-//! build with the `planted-bugs` feature: elsewhere [`planted`] is `false` and the branches it
-//! guards are compiled out.
+//! build with the `planted-bugs` feature: elsewhere [`planted`] is the constant `false`, and
+//! the branches it guards are dead code the optimiser removes (their names remain in the
+//! binary as strings). Test hooks that slow or hold a step (`HANDOFFS_TEST_*`) are not plants:
+//! they break nothing, and are inert without the feature too.
 
 /// A plant outside the delivery rules.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -659,7 +659,20 @@ fn status_says_when_the_engine_is_not_running() {
     assert!(out.contains("engine: not running (last pass"), "{out}");
     w.ok(&["tick"]);
     let out = w.ok(&["status"]);
-    assert!(out.contains("engine: last pass"), "{out}");
+    assert!(out.contains("was a one-shot `tick`"), "{out}");
+    let _engine = w.spawn_engine();
+    let start = std::time::Instant::now();
+    loop {
+        let out = w.ok(&["status"]);
+        if out.contains("engine: last pass") && !out.contains("one-shot") {
+            break;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(20),
+            "a running engine is not shown as running: {out}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }
 
 /// A delivery row damaged by hand is read back as a clear error naming it, never acted on as

@@ -328,7 +328,7 @@ fn a_refused_write_is_retried_for_real_while_its_first_supervisor_cleans_up() {
     let said = detail["detail"].as_str().unwrap_or_default().to_owned();
     assert!(
         said.contains("could not start") && !said.contains("before starting the command"),
-        "G4: the retry of a refused write never ran: its supervisor found the first one's lock: {said}"
+        "G2: the retry of a refused write never ran: its supervisor found the first one's lock: {said}"
     );
 }
 

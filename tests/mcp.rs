@@ -662,3 +662,43 @@ async fn task_pass_on_the_cli_and_over_mcp_do_the_same() {
     assert_eq!(texts.len(), 2, "{inbox}");
     assert_eq!(texts[0], texts[1]);
 }
+
+/// A client that writes its last lines and closes its side at once still reads every answer,
+/// to the bad lines as to a last request without a newline.
+#[test]
+fn answers_outlive_the_end_of_input() {
+    use std::io::Write;
+    let (w, _root) = world();
+    for _ in 0..5 {
+        let mut child = w
+            .cmd()
+            .args(["mcp", "--agent", "alice"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "eof", "version": "1"}}});
+        write!(
+            stdin,
+            "{init}\n{}\nnot json\n{}\n{}",
+            json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+            json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": 5}),
+            json!({"jsonrpc": "2.0", "id": 8, "method": "ping", "params": null}),
+        )
+        .unwrap();
+        drop(stdin);
+        let out = child.wait_with_output().unwrap();
+        let answers: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let ids: Vec<&Value> = answers.iter().map(|a| &a["id"]).collect();
+        for id in [json!(0), Value::Null, json!(7), json!(8)] {
+            assert!(ids.contains(&&id), "no answer for id {id}: {answers:?}");
+        }
+    }
+}

@@ -123,6 +123,11 @@ fn the_demo_deletes_its_data_on_sigterm_too() {
         "the demo keeps its data in one folder ({url})"
     );
     signal(&child, nix::sys::signal::Signal::SIGTERM);
-    exit_within(&mut child, Duration::from_secs(20));
+    let code = exit_within(&mut child, Duration::from_secs(20));
     assert_eq!(folders(), 0, "the demo's folder is gone");
+    assert_eq!(
+        code,
+        Some(143),
+        "SIGTERM ends it with 143, as a shell reports it"
+    );
 }

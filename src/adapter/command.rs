@@ -447,7 +447,8 @@ pub(crate) async fn start_supervised(
     {
         use std::os::unix::process::CommandExt;
         cmd.process_group(0);
-        // Named as people know it in `ps`, not /proc/self/exe.
+        // Its command line names it `handoffs` (`ps -f`, `pgrep -f handoffs`), not
+        // /proc/self/exe; the kernel's short name (`ps -o comm`) stays `exe`.
         cmd.arg0("handoffs");
     }
     // A refused run never ran: its row goes, so the one allowed retry (same request id) runs.

@@ -77,10 +77,9 @@ pub struct PassReport {
     /// How this engine's policy differs from SPEC §2 (`HANDOFFS_POLICY`), if it does.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub policy_differs: Vec<String>,
-    /// This engine's whole policy when it is not SPEC §2's: a release elsewhere is judged by
-    /// the rules of the engine whose write may be in flight.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub policy: Option<Policy>,
+    /// A one-shot `tick`: over once it has reported (no engine runs after it).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub one_shot: bool,
 }
 
 impl PassReport {
@@ -142,9 +141,8 @@ pub enum EngineError {
 
 impl Engine {
     /// Takes the engine lock of the database; `Err(Busy)` when another engine holds it.
-    pub fn new(mut service: Service, one_shot: bool) -> Result<Engine, EngineError> {
+    pub fn new(service: Service, one_shot: bool) -> Result<Engine, EngineError> {
         let path = sibling(service.store.path(), ".engine");
-        service.set_policy(Policy::default());
         let service = Rc::new(RefCell::new(service));
         let mut options = File::options();
         options.create(true).truncate(false).write(true);
@@ -186,7 +184,6 @@ impl Engine {
     /// Uses `policy` instead of the default (tests and the simulation).
     #[must_use]
     pub fn with_policy(mut self, policy: Policy) -> Engine {
-        self.service.borrow_mut().set_policy(policy.clone());
         self.ctx = Rc::new(Ctx {
             adapters: self.ctx.adapters.clone(),
             policy,
@@ -260,7 +257,7 @@ impl Engine {
                 .policy
                 .check_against_spec()
                 .unwrap_or_else(|e| vec![e]),
-            policy: Some(self.ctx.policy.clone()).filter(|p| *p != Policy::default()),
+            one_shot: self.ctx.one_shot,
             ..PassReport::default()
         }
     }

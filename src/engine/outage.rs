@@ -114,13 +114,25 @@ impl OutageGuard {
 }
 
 /// Reads a Statuspage summary: an outage when a watched component (or, with none named, the
-/// page's overall indicator) is not operational.
+/// page's overall indicator) is not operational. A page that lists none of the watched
+/// components (renamed, or a preset's guess that no longer holds) is judged by its overall
+/// indicator, never taken for a page without outages.
 pub fn judge(summary: &Value, components: Option<&Value>) -> Option<String> {
     let watched: Vec<&str> = components
         .and_then(Value::as_array)
         .map(|a| a.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();
-    if watched.is_empty() {
+    let listed = summary
+        .get("components")
+        .and_then(Value::as_array)
+        .is_some_and(|list| {
+            list.iter().any(|c| {
+                c.get("name")
+                    .and_then(Value::as_str)
+                    .is_some_and(|n| watched.contains(&n))
+            })
+        });
+    if watched.is_empty() || !listed {
         let indicator = summary.pointer("/status/indicator")?.as_str()?;
         return matches!(indicator, "major" | "critical").then(|| {
             let d = summary
@@ -172,6 +184,16 @@ mod tests {
             judge(&summary, None),
             None,
             "minor overall is not an outage"
+        );
+    }
+
+    #[test]
+    fn a_page_without_the_watched_component_is_judged_as_a_whole() {
+        let summary = json!({"status": {"indicator": "major", "description": "Major outage"},
+            "components": [{"name": "API", "status": "major_outage"}]});
+        assert_eq!(
+            judge(&summary, Some(&json!(["Codex"]))).as_deref(),
+            Some("status page: Major outage")
         );
     }
 

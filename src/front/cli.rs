@@ -1065,9 +1065,6 @@ pub fn run(cli: &Cli) -> Result<(), Failure> {
         }
         Command::Release { id, note } => {
             let mut s = open(cli)?;
-            if std::env::var_os("HANDOFFS_POLICY").is_some() {
-                s.set_policy(policy_from_env()?);
-            }
             let v = s.release(id, note.as_deref())?;
             emit(cli, &v, || {
                 format!("{} {}: {}", short(&v.id), v.state, v.detail)
@@ -1102,7 +1099,7 @@ pub fn run(cli: &Cli) -> Result<(), Failure> {
             };
             crate::front::live::serve(&db_path(cli), host, *port, *public_demo, policy)?;
             Err(Failure {
-                code: 130,
+                code: crate::front::live::stop_code(),
                 message: String::new(),
             })
         }
@@ -1125,7 +1122,7 @@ pub fn run(cli: &Cli) -> Result<(), Failure> {
         } => {
             crate::front::live::demo(host, *port, *speed, *public_demo)?;
             Err(Failure {
-                code: 130,
+                code: crate::front::live::stop_code(),
                 message: String::new(),
             })
         }
@@ -1253,7 +1250,18 @@ fn status(cli: &Cli, id: Option<&str>) -> Result<(), Failure> {
         return Ok(());
     }
     let o = s.overview(20)?;
-    emit(cli, &o, || {
+    let waiting = s.waiting_for_engine(20)?;
+    #[derive(Serialize)]
+    struct Status<'a> {
+        #[serde(flatten)]
+        overview: &'a crate::service::Overview,
+        waiting_for_engine: &'a [crate::service::Unenrolled],
+    }
+    let status = Status {
+        overview: &o,
+        waiting_for_engine: &waiting,
+    };
+    emit(cli, &status, || {
         let mut out = String::new();
         let section = |out: &mut String, title: &str, items: &[crate::service::DeliveryView]| {
             out.push_str(&format!("{title} ({})\n", items.len()));
@@ -1268,17 +1276,17 @@ fn status(cli: &Cli, id: Option<&str>) -> Result<(), Failure> {
                 ));
             }
         };
-        if !o.waiting_for_engine.is_empty() {
+        if !waiting.is_empty() {
             out.push_str(&format!(
                 "waiting for an engine ({}){}\n",
-                o.waiting_for_engine.len(),
+                waiting.len(),
                 if o.engine_reported_at.is_none() {
                     ": start one with `handoffs run` or `handoffs tick`"
                 } else {
                     ""
                 }
             ));
-            for m in &o.waiting_for_engine {
+            for m in &waiting {
                 out.push_str(&format!(
                     "  {}  {} → {}  {}\n",
                     short(&m.id),
@@ -1305,8 +1313,19 @@ fn status(cli: &Cli, id: Option<&str>) -> Result<(), Failure> {
         }
         section(&mut out, "recent", &o.recent);
         match o.engine_reported_at {
-            Some(at) if crate::service::engine_alive(Some(at), millis_now()) => {
+            Some(at)
+                if crate::service::engine_alive(
+                    Some(at).zip(o.engine.as_ref()),
+                    millis_now(),
+                ) =>
+            {
                 out.push_str(&format!("engine: last pass {}\n", when(at)));
+            }
+            Some(at) if millis_now() - at <= crate::service::ENGINE_QUIET_MS => {
+                out.push_str(&format!(
+                    "engine: last pass {} was a one-shot `tick`; nothing is delivered until `handoffs run` or `serve` runs\n",
+                    when(at)
+                ));
             }
             Some(at) => out.push_str(&format!(
                 "engine: not running (last pass {}); nothing is delivered until `handoffs run` or `serve` runs\n",

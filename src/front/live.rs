@@ -148,6 +148,15 @@ fn warn_if_public(host: &str, public_demo: bool) {
 
 /// The port when none is given; if it is taken, a free one is used instead.
 pub const DEFAULT_PORT: u16 = 8765;
+/// The exit code the signal that stopped the server asks for (128 + its number: 130 for
+/// Ctrl+C, 143 for SIGTERM, 129 for SIGHUP), as a shell reports a process it killed.
+static STOPPED_BY: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(130);
+
+/// The exit code for the way `serve` or `demo` was stopped.
+pub fn stop_code() -> u8 {
+    STOPPED_BY.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// How long open connections get to finish once the server is asked to stop.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 
@@ -183,11 +192,12 @@ fn run_web(
                 signals.cancel();
                 return;
             };
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-                _ = hup.recv() => {}
-            }
+            let code = tokio::select! {
+                _ = tokio::signal::ctrl_c() => 130,
+                _ = term.recv() => 143,
+                _ = hup.recv() => 129,
+            };
+            STOPPED_BY.store(code, std::sync::atomic::Ordering::Relaxed);
         }
         #[cfg(not(unix))]
         let _ = tokio::signal::ctrl_c().await;

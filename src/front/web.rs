@@ -40,7 +40,6 @@ pub const BODY_LIMIT: usize = 4 << 20;
 /// Longest a request may take to arrive and be answered (the event stream excepted: its
 /// response starts at once).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-/// An engine that has not reported for this long is shown as not running.
 /// Shortest token the server accepts (init writes 64 hex digits).
 const TOKEN_MIN: usize = 16;
 const SNAPSHOT_POLL: Duration = Duration::from_millis(100);
@@ -753,7 +752,10 @@ pub fn build(svc: &mut Service, options: &WebOptions) -> Result<Snapshot, Servic
             }
         }
     }
-    let engine_alive = crate::service::engine_alive(overview.engine_reported_at, now);
+    let engine_alive = crate::service::engine_alive(
+        overview.engine_reported_at.zip(overview.engine.as_ref()),
+        now,
+    );
     let counts: serde_json::Map<String, Value> = overview
         .counts
         .iter()

@@ -1,6 +1,6 @@
 //! The one commit path of a delivery step: the engine's every event and a person's release
-//! both load the stored record, `step` it under the engine's policy and record what changed
-//! in the same transaction (SPEC §5: commit before effect).
+//! both load the stored record, `step` it and record what changed in the same transaction
+//! (SPEC §5: commit before effect).
 
 use super::{Result, Service, ServiceError};
 use crate::store::{AgentRow, Tx, millis};
@@ -78,21 +78,5 @@ impl Service {
             }
             Ok(committed(step, agent))
         })
-    }
-
-    /// The policy delivery steps are judged by: the one this service was given (the
-    /// engine's own, or `HANDOFFS_POLICY` in this process), else the one the last engine
-    /// reported running with, else SPEC §2's. A release is judged by the rules of the engine
-    /// whose write may be in flight.
-    pub fn policy(&mut self) -> Result<Policy> {
-        if let Some(p) = &self.policy {
-            return Ok(p.clone());
-        }
-        #[allow(clippy::redundant_closure_for_method_calls)]
-        // Tx::report does not fit the lifetimes
-        let reported = self.store.read(|tx| tx.report())?;
-        Ok(reported
-            .and_then(|(_, r)| serde_json::from_value(r.get("policy")?.clone()).ok())
-            .unwrap_or_default())
     }
 }

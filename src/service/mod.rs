@@ -31,10 +31,13 @@ pub const ID_PREFIX_MIN: usize = 6;
 /// reports about once a second while it runs).
 pub const ENGINE_QUIET_MS: i64 = 120_000;
 
-/// Whether an engine that last reported at `reported_at` counts as running at `now`: the one
-/// liveness rule the page, the MCP server and the CLI share.
-pub fn engine_alive(reported_at: Option<i64>, now: i64) -> bool {
-    reported_at.is_some_and(|at| now - at <= ENGINE_QUIET_MS)
+/// Whether the engine whose last report (`at`, the report) is `report` counts as running at
+/// `now`: it reported within [`ENGINE_QUIET_MS`], and not as a one-shot `tick`, which is over
+/// once it has reported. The one liveness rule the page, the MCP server and the CLI share.
+pub fn engine_alive(report: Option<(i64, &Value)>, now: i64) -> bool {
+    report.is_some_and(|(at, r)| {
+        now - at <= ENGINE_QUIET_MS && r.get("one_shot").and_then(Value::as_bool) != Some(true)
+    })
 }
 
 /// Why an operation did not happen. Every front maps these in one place.
@@ -69,8 +72,6 @@ pub type Clock = Arc<dyn Fn() -> Millis + Send + Sync>;
 pub struct Service {
     pub store: Store,
     clock: Clock,
-    /// The delivery policy, when this process was given one (see [`Service::policy`]).
-    policy: Option<model::Policy>,
 }
 
 impl std::fmt::Debug for Service {
@@ -118,8 +119,6 @@ pub struct DeliveryDetail {
 /// What `status` shows without an id.
 #[derive(Clone, Debug, Serialize)]
 pub struct Overview {
-    /// Handoffs no engine has taken up yet (none runs, or it has not passed since the send).
-    pub waiting_for_engine: Vec<Unenrolled>,
     /// Enrolled and waiting for their turn: WAITING and BUSY.
     pub queued: Vec<DeliveryView>,
     pub in_flight: Vec<DeliveryView>,
@@ -405,16 +404,7 @@ impl Service {
     }
 
     pub fn with_clock(store: Store, clock: Clock) -> Service {
-        Service {
-            store,
-            clock,
-            policy: None,
-        }
-    }
-
-    /// This process judges delivery steps by `policy` (the engine's own, `HANDOFFS_POLICY`).
-    pub fn set_policy(&mut self, policy: model::Policy) {
-        self.policy = Some(policy);
+        Service { store, clock }
     }
 
     pub fn now(&self) -> Millis {
@@ -427,9 +417,10 @@ impl Service {
 
     /// A second service over the same database and clock, on a connection of its own.
     pub fn reopen(&self) -> Result<Service, StoreError> {
-        let mut s = Service::with_clock(Store::open(self.store.path())?, self.clock.clone());
-        s.policy.clone_from(&self.policy);
-        Ok(s)
+        Ok(Service::with_clock(
+            Store::open(self.store.path())?,
+            self.clock.clone(),
+        ))
     }
 
     // ----- agents -----
@@ -1045,23 +1036,7 @@ impl Service {
                     .collect()
             };
             let report = tx.report()?;
-            let waiting_for_engine = tx
-                .unenrolled(enabled_after(tx)?, limit)?
-                .into_iter()
-                .map(|m| Unenrolled {
-                    preview: truncate(
-                        &m.body.split_whitespace().collect::<Vec<_>>().join(" "),
-                        120,
-                    ),
-                    id: m.id,
-                    from: m.sender,
-                    to: m.recipient,
-                    title: m.title,
-                    created_at: m.created_at,
-                })
-                .collect();
             Ok(Overview {
-                waiting_for_engine,
                 queued: views(&[Waiting, Busy])?,
                 in_flight: views(&[Sending, Accepted, Running])?,
                 needs_attention: views(&[Uncertain, Unavailable, Held, OwnerRejected])?,
@@ -1100,13 +1075,40 @@ impl Service {
         })
     }
 
+    /// Handoffs no engine has taken up yet: sent before their recipient was registered (or
+    /// could be routed), waiting for an engine's pass to enrol them. Not part of the
+    /// overview: it reads the messages table, which the page rebuilds too often to afford.
+    pub fn waiting_for_engine(&mut self, limit: i64) -> Result<Vec<Unenrolled>> {
+        self.store.read(|tx| {
+            Ok(tx
+                .unenrolled(enabled_after(tx)?, limit)?
+                .into_iter()
+                .map(|m| Unenrolled {
+                    preview: truncate(
+                        &m.body.split_whitespace().collect::<Vec<_>>().join(" "),
+                        120,
+                    ),
+                    id: m.id,
+                    from: m.sender,
+                    to: m.recipient,
+                    title: m.title,
+                    created_at: m.created_at,
+                })
+                .collect())
+        })
+    }
+
     /// A person's release: cancels one stuck delivery; never resends.
     pub fn release(&mut self, id: &str, note: Option<&str>) -> Result<DeliveryView> {
         if let Some(n) = note {
             check_len("the note", n, SUMMARY_CHARS_MAX)?;
         }
         let id = self.resolve(IdTable::Deliveries, id)?;
-        let policy = self.policy()?;
+        // A write in flight is judged by SPEC's sending timeout, the longest any engine may
+        // use (a policy only shortens it): the engine's job may still be waiting for the
+        // write's answer, whatever a drill policy says, and releasing now would free the
+        // recipient under a write that may still land (G3).
+        let policy = model::Policy::default();
         let release = EventKind::Release {
             note: note.map(str::to_owned),
         };
@@ -1124,9 +1126,9 @@ impl Service {
         })
     }
 
-    /// When the engine last reported (None: never).
-    pub fn engine_reported_at(&mut self) -> Result<Option<i64>> {
-        self.store.read(|tx| Ok(tx.report()?.map(|r| r.0)))
+    /// When the engine last reported, and its report (None: never).
+    pub fn engine_report(&mut self) -> Result<Option<(i64, Value)>> {
+        self.store.read(|tx| Ok(tx.report()?))
     }
 
     pub fn events_after(&mut self, after: i64, limit: i64) -> Result<Vec<EventRow>> {

@@ -55,6 +55,7 @@ pub fn pass_task(
             notice: json!("no delivery database; no message sent"),
         });
     };
+    service.check_registered(me)?;
     service.check_registered(p.target)?;
     let passed = pass_in_ledger(ledger, me, p)?;
     let notice = notify(service, me, &passed, p);
@@ -85,7 +86,9 @@ fn notify(service: &mut Service, me: &str, passed: &Passed, p: &Pass<'_>) -> Val
          Claim it (claim_handoff, or `handoffs task claim {id}`) before you change the workspace.",
         passed.task.title, p.next_action
     );
-    let key = format!("task-pass:{id}:{}", crate::clock::new_id());
+    // One key per pass (the count of handoffs only grows): a send repeated for the same pass
+    // returns the first message.
+    let key = format!("task-pass:{id}:{}", passed.task.handoffs_used);
     match service.send(me, p.target, &text, None, None, Some(&key)) {
         Ok(sent) => json!({ "message_id": sent.message.id }),
         Err(e) => json!(format!(

@@ -674,9 +674,11 @@ impl McpServer {
                 return Some(warning.clone());
             }
         }
-        let reported = self.service().engine_reported_at().ok().flatten();
+        let report = self.service().engine_report().ok().flatten();
+        let alive = crate::service::engine_alive(report.as_ref().map(|(at, r)| (*at, r)), now);
+        let reported = report.map(|(at, _)| at);
         match reported {
-            Some(at) if crate::service::engine_alive(Some(at), now) => {
+            Some(at) if alive => {
                 self.inner
                     .engine_alive_until
                     .store(at + crate::service::ENGINE_QUIET_MS, Ordering::Relaxed);
@@ -684,6 +686,7 @@ impl McpServer {
             }
             reported => {
                 let warning = match reported {
+                    Some(at) if now - at <= crate::service::ENGINE_QUIET_MS => "the last engine pass was a one-shot `handoffs tick`: the handoff is stored, but nothing is delivered until `handoffs run` (or `serve`, or another `tick`) runs on this database".to_owned(),
                     Some(at) => format!(
                         "no engine has reported for {} minutes: the handoff is stored, but nothing is being delivered until `handoffs run` (or `serve`) runs on this database",
                         (now - at) / 60_000

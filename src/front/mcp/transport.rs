@@ -66,9 +66,11 @@ pub fn judge(line: &[u8]) -> Line {
         .filter(|id| id.is_string() || id.is_number())
         .cloned();
     let method = object.get("method").and_then(Value::as_str);
+    // Absent and null params are no params; anything else must be an object.
     if method.is_some()
         && let Some(params) = object.get("params")
         && !params.is_object()
+        && !params.is_null()
     {
         return match id {
             Some(id) => Line::Answer(error(
@@ -110,7 +112,7 @@ pub fn judge(line: &[u8]) -> Line {
     }
 }
 
-/// The requests of MCP a client sends (2025-06-18).
+/// The requests of MCP a client sends (2025-06-18), and rmcp's `server/discover`.
 const STANDARD_METHODS: &[&str] = &[
     "initialize",
     "ping",
@@ -125,6 +127,7 @@ const STANDARD_METHODS: &[&str] = &[
     "resources/unsubscribe",
     "tools/call",
     "tools/list",
+    "server/discover",
 ];
 
 fn error(id: &Value, code: i64, message: &str) -> Value {
@@ -140,6 +143,9 @@ pub struct Lines<R, W> {
     line: Vec<u8>,
     /// Skipping the rest of an over-long line.
     discarding: bool,
+    /// Error answers being written: finished before the end of input is reported, so a
+    /// client that closes its side right after a bad line still reads the answer.
+    answering: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl<R, W> std::fmt::Debug for Lines<R, W> {
@@ -155,16 +161,21 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> Lines<R, W> {
             write: Arc::new(Mutex::new(write)),
             line: Vec::new(),
             discarding: false,
+            answering: Vec::new(),
         }
     }
 
-    /// Reads up to the end of the next line into `self.line`; false at the end of input.
-    /// Cancel-safe: what was read stays in `self.line`. An over-long line is answered.
+    /// Reads up to the end of the next line into `self.line`: `Some(true)` a line,
+    /// `Some(false)` an over-long one (skipped), `None` the end of input. A last line
+    /// without a newline is a line. Cancel-safe: what was read stays in `self.line`.
     async fn next_line(&mut self) -> std::io::Result<Option<bool>> {
         loop {
             let available = self.read.fill_buf().await?;
             if available.is_empty() {
-                return Ok(None);
+                if self.discarding || self.line.is_empty() {
+                    return Ok(None);
+                }
+                return Ok(Some(true));
             }
             let newline = available.iter().position(|b| *b == b'\n');
             let take = newline.map_or(available.len(), |i| i + 1);
@@ -192,16 +203,24 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> Lines<R, W> {
 
     /// Writes `answer` as one line, in a task of its own: a cancelled `receive` never
     /// leaves half a line on the wire.
-    fn answer(&self, answer: &Value) {
+    fn answer(&mut self, answer: &Value) {
         let mut bytes = answer.to_string().into_bytes();
         bytes.push(b'\n');
         let write = self.write.clone();
-        tokio::spawn(async move {
+        self.answering.retain(|h| !h.is_finished());
+        self.answering.push(tokio::spawn(async move {
             let mut w = write.lock().await;
             if w.write_all(&bytes).await.is_ok() {
                 let _ = w.flush().await;
             }
-        });
+        }));
+    }
+
+    /// Waits for every error answer still being written.
+    async fn answered(&mut self) {
+        for h in self.answering.drain(..) {
+            let _ = h.await;
+        }
     }
 }
 
@@ -238,9 +257,13 @@ where
                     ));
                     continue;
                 }
-                Ok(None) => return None,
+                Ok(None) => {
+                    self.answered().await;
+                    return None;
+                }
                 Err(e) => {
                     tracing::error!("cannot read stdin: {e}");
+                    self.answered().await;
                     return None;
                 }
             }
@@ -256,7 +279,13 @@ where
 
     fn close(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send {
         let write = self.write.clone();
-        async move { write.lock().await.flush().await }
+        let answering = std::mem::take(&mut self.answering);
+        async move {
+            for h in answering {
+                let _ = h.await;
+            }
+            write.lock().await.flush().await
+        }
     }
 }
 
@@ -308,5 +337,9 @@ mod tests {
             Line::Skip
         ));
         assert!(matches!(judge(b"   \r"), Line::Skip));
+        assert!(matches!(
+            judge(br#"{"jsonrpc":"2.0","id":2,"method":"tools/list","params":null}"#),
+            Line::Message(_)
+        ));
     }
 }
