@@ -1249,14 +1249,14 @@ fn status(cli: &Cli, id: Option<&str>) -> Result<(), Failure> {
         });
         return Ok(());
     }
-    let o = s.overview(20)?;
-    let waiting = s.waiting_for_engine(20)?;
     #[derive(Serialize)]
     struct Status<'a> {
         #[serde(flatten)]
         overview: &'a crate::service::Overview,
         waiting_for_engine: &'a [crate::service::Unenrolled],
     }
+    let o = s.overview(20)?;
+    let waiting = s.waiting_for_engine(20)?;
     let status = Status {
         overview: &o,
         waiting_for_engine: &waiting,
