@@ -1225,6 +1225,14 @@ fn agent(cli: &Cli, cmd: &AgentCmd) -> Result<(), Failure> {
     Ok(())
 }
 
+/// `status` without an id: the overview and the handoffs no engine has taken up yet.
+#[derive(Serialize)]
+struct StatusOut<'a> {
+    #[serde(flatten)]
+    overview: &'a crate::service::Overview,
+    waiting_for_engine: &'a [crate::service::Unenrolled],
+}
+
 fn status(cli: &Cli, id: Option<&str>) -> Result<(), Failure> {
     let mut s = open(cli)?;
     if let Some(id) = id {
@@ -1249,15 +1257,9 @@ fn status(cli: &Cli, id: Option<&str>) -> Result<(), Failure> {
         });
         return Ok(());
     }
-    #[derive(Serialize)]
-    struct Status<'a> {
-        #[serde(flatten)]
-        overview: &'a crate::service::Overview,
-        waiting_for_engine: &'a [crate::service::Unenrolled],
-    }
     let o = s.overview(20)?;
     let waiting = s.waiting_for_engine(20)?;
-    let status = Status {
+    let status = StatusOut {
         overview: &o,
         waiting_for_engine: &waiting,
     };
