@@ -707,6 +707,10 @@ fn a_damaged_delivery_record_is_named_and_never_acted_on() {
         1,
         &format!("stored record for {bad} is invalid"),
     );
+    // The overview still shows everything else, and names the damaged row.
+    let out = w.ok(&["status"]);
+    assert!(out.contains("damaged (1)") && out.contains(&bad), "{out}");
+    assert!(out.contains(&good[..8]), "{out}");
     let tick = w.run(&["tick"]);
     assert!(tick.status.success());
     assert!(String::from_utf8_lossy(&tick.stdout).contains(&format!("{bad}: stored record")));

@@ -1301,6 +1301,15 @@ fn status(cli: &Cli, id: Option<&str>) -> Result<(), Failure> {
         section(&mut out, "queued", &o.queued);
         section(&mut out, "in flight", &o.in_flight);
         section(&mut out, "needs attention", &o.needs_attention);
+        if !o.damaged.is_empty() {
+            out.push_str(&format!(
+                "damaged ({}): never acted on; repair or restore the database\n",
+                o.damaged.len()
+            ));
+            for d in &o.damaged {
+                out.push_str(&format!("  {d}\n"));
+            }
+        }
         if !o.overdue_work.is_empty() {
             out.push_str(&format!("overdue work ({})\n", o.overdue_work.len()));
             for w in &o.overdue_work {

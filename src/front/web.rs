@@ -652,11 +652,7 @@ pub fn build(svc: &mut Service, options: &WebOptions) -> Result<Snapshot, Servic
     let agents = svc.agents()?;
     let read = svc.store.read(|tx| {
         // Waiting and busy deliveries are in flight too: on their way, not yet written.
-        let queued = tx
-            .deliveries_in(&[Waiting, Busy], LIST_LIMIT)?
-            .iter()
-            .map(|d| Service::view(tx, d))
-            .collect::<Result<Vec<_>, _>>()?;
+        let queued = overview.queued.clone();
         let busy = tx.count_by_recipient(&[Sending, Accepted, Running])?;
         let unreachable = tx.count_by_recipient(&[Unavailable])?;
         let held = tx.count_by_recipient(&[Held])?;

@@ -130,6 +130,9 @@ pub struct Overview {
     pub engine_reported_at: Option<i64>,
     /// How the reporting engine's timings differ from SPEC §2 (empty: they do not).
     pub engine_policy_differs: Vec<String>,
+    /// Deliveries whose stored record cannot be read back, each error naming its row: shown,
+    /// never acted on (a person repairs or restores the database).
+    pub damaged: Vec<String>,
 }
 
 /// A handoff sent but not yet enrolled by an engine: who to whom, and how it begins.
@@ -1029,11 +1032,13 @@ impl Service {
         };
         let now = millis(self.now());
         self.store.read(|tx| {
+            let damaged = std::cell::RefCell::new(Vec::new());
             let views = |states: &[StateKind]| -> Result<Vec<DeliveryView>, StoreError> {
-                tx.deliveries_in(states, limit)?
-                    .iter()
-                    .map(|d| Self::view(tx, d))
-                    .collect()
+                let (rows, bad) = tx.deliveries_or_damaged_in(states, limit)?;
+                damaged
+                    .borrow_mut()
+                    .extend(bad.into_iter().map(|e| e.to_string()));
+                rows.iter().map(|d| Self::view(tx, d)).collect()
             };
             let report = tx.report()?;
             Ok(Overview {
@@ -1057,6 +1062,7 @@ impl Service {
                     })
                     .unwrap_or_default(),
                 engine: report.map(|r| r.1),
+                damaged: damaged.take(),
             })
         })
     }

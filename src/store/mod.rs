@@ -1173,8 +1173,22 @@ impl Tx<'_> {
 
     /// Deliveries by state, newest change first.
     pub fn deliveries_in(&self, states: &[StateKind], limit: i64) -> Result<Vec<DeliveryRow>> {
+        let (rows, damaged) = self.deliveries_or_damaged_in(states, limit)?;
+        match damaged.into_iter().next() {
+            Some(e) => Err(e),
+            None => Ok(rows),
+        }
+    }
+
+    /// As [`Tx::deliveries_in`], with the rows that cannot be read back set apart (each
+    /// error names its row), so one damaged row does not hide the others.
+    pub fn deliveries_or_damaged_in(
+        &self,
+        states: &[StateKind],
+        limit: i64,
+    ) -> Result<(Vec<DeliveryRow>, Vec<StoreError>)> {
         if states.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Vec::new()));
         }
         let list = states
             .iter()
@@ -1195,11 +1209,16 @@ impl Tx<'_> {
             ))
         })?;
         let mut out = Vec::new();
+        let mut damaged = Vec::new();
         for row in rows {
             let (m, rcpt, json, due, upd) = row?;
-            out.push(decode_delivery(m, rcpt, &json, due, upd)?);
+            match decode_delivery(m, rcpt, &json, due, upd) {
+                Ok(d) => out.push(d),
+                Err(e @ StoreError::BadRecord { .. }) => damaged.push(e),
+                Err(e) => return Err(e),
+            }
         }
-        Ok(out)
+        Ok((out, damaged))
     }
 
     pub fn count_by_state(&self) -> Result<Vec<(String, i64)>> {
