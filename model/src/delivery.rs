@@ -370,9 +370,13 @@ impl Delivery {
                     }
                 };
                 let plan = match &f.resend {
-                    ResendPlan::NotBefore { at } => {
-                        format!("a resend may follow from {at} while the work is open")
-                    }
+                    ResendPlan::NotBefore { at } => match at.since(f.core.since) {
+                        0 => "a resend may follow at once, while the work is open".to_owned(),
+                        wait => format!(
+                            "a resend may follow {} after the failure, while the work is open",
+                            span(wait)
+                        ),
+                    },
                     ResendPlan::Final { why } => match why {
                         NoResend::NeverDelivered => "nothing to resend".to_owned(),
                         NoResend::LimitReached => "resend limit reached".to_owned(),
@@ -472,5 +476,15 @@ impl Delivery {
             },
             _ => Ok(()),
         }
+    }
+}
+
+/// A span of time for people: "500 ms", "12 s", "10 min", "2 h".
+fn span(ms: u64) -> String {
+    match ms {
+        0..=999 => format!("{ms} ms"),
+        1_000..=119_999 => format!("{} s", ms / 1_000),
+        120_000..=7_199_999 => format!("{} min", ms / 60_000),
+        _ => format!("{} h", ms / 3_600_000),
     }
 }
