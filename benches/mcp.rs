@@ -12,7 +12,7 @@
     clippy::many_single_char_names
 )]
 
-use handoffs::ledger::Ledger;
+use handoffs::service::ledger::Ledger;
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};

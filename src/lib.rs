@@ -7,7 +7,6 @@ pub mod clock;
 pub mod context;
 pub mod engine;
 pub mod front;
-pub mod ledger;
 pub mod planted;
 pub mod service;
 pub mod simulate;

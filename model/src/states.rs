@@ -35,6 +35,23 @@ impl Provider {
     }
 }
 
+impl std::str::FromStr for Provider {
+    type Err = String;
+
+    /// A provider by its name (`demo`, `command`, `codex`, `claude-code`).
+    fn from_str(s: &str) -> Result<Provider, String> {
+        match s {
+            "demo" => Ok(Provider::Demo),
+            "command" => Ok(Provider::Command),
+            "codex" => Ok(Provider::Codex),
+            "claude-code" => Ok(Provider::ClaudeCode),
+            other => Err(format!(
+                "unknown provider {other:?}; use demo, command, codex or claude-code"
+            )),
+        }
+    }
+}
+
 /// The adapter settings that address a recipient (SPEC §1): a change to any of them sends a
 /// write somewhere else, so each is part of the destination frozen at enrolment (G1). Other
 /// settings (a timeout, say) are not.

@@ -14,9 +14,9 @@
 //! observed through the transcript (the prompt that names the request id, and the reply
 //! below it).
 
+use super::Host;
 use super::claude::{self, Found, Holder, Session};
 use super::command;
-use crate::service::Service;
 use crate::store::{AgentRow, ChannelRow, PushRow, RunRow, Store, millis};
 use model::{RequestId, TurnId, WriteOutcome};
 use serde_json::{Value, json};
@@ -68,13 +68,13 @@ pub fn live_channel(
 /// Writes one card through `channel`: a run and its card in one commit, then the listener's
 /// take (the receipt). A card not taken in time is taken back: a refusal, nothing written.
 pub async fn write(
-    service: &RefCell<Service>,
+    service: &RefCell<dyn Host>,
     w: &super::Write<'_>,
     channel: &ChannelRow,
 ) -> WriteOutcome {
     let (db, now) = {
         let s = service.borrow();
-        (s.store.path().to_owned(), millis(s.now()))
+        (s.db().to_owned(), millis(s.now()))
     };
     let timeout_ms = i64::try_from(
         w.agent
@@ -113,7 +113,7 @@ pub async fn write(
         created_at: now,
         pushed_at: None,
     };
-    let queued = service.borrow_mut().store.write(|tx| {
+    let queued = service.borrow_mut().runs().write(|tx| {
         // A retry after a refusal keeps its request id: the refused run (nothing was written)
         // makes way for it.
         tx.forget_refused_run(w.request_id)?;
@@ -129,7 +129,7 @@ pub async fn write(
     loop {
         let taken = service
             .borrow_mut()
-            .store
+            .runs()
             .read(|tx| tx.push(w.request_id))
             .map(|p| p.and_then(|p| p.pushed_at));
         match taken {
@@ -155,13 +155,13 @@ pub async fn write(
 
 /// Takes back a card its listener did not take: a refusal (nothing written); a receipt when
 /// it was taken meanwhile.
-fn take_back(service: &RefCell<Service>, request_id: &str, listener: i64) -> WriteOutcome {
+fn take_back(service: &RefCell<dyn Host>, request_id: &str, listener: i64) -> WriteOutcome {
     let mut s = service.borrow_mut();
     let now = millis(s.now());
     let detail = format!(
         "the channel (handoffs mcp, pid {listener}) did not take the card; nothing was written"
     );
-    let withdrawn = s.store.write(|tx| {
+    let withdrawn = s.runs().write(|tx| {
         let withdrawn = tx.withdraw_push(request_id)?;
         if withdrawn {
             tx.finish_run(request_id, now, None, "refused", Some(&detail))?;
@@ -171,7 +171,7 @@ fn take_back(service: &RefCell<Service>, request_id: &str, listener: i64) -> Wri
     match withdrawn {
         Ok(true) => WriteOutcome::Refused { detail },
         // Not there to take back: taken (a receipt), or taken back by another look (refused).
-        Ok(false) => match s.store.read(|tx| tx.push(request_id)) {
+        Ok(false) => match s.runs().read(|tx| tx.push(request_id)) {
             Ok(Some(p)) if p.pushed_at.is_some() => WriteOutcome::Receipt {
                 turn: TurnId::new(request_id),
                 request_id: Some(RequestId::new(request_id)),

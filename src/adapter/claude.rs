@@ -14,9 +14,9 @@
 //! A request is found by its uuid; its reply is an assistant entry below it (through
 //! attachments and system entries, by `parentUuid`), before the next prompt.
 
+use super::Host;
 use super::command;
 use super::{Write, doctor};
-use crate::service::Service;
 use crate::store::{AgentRow, RunRow, millis};
 use model::states::TurnFailure;
 use model::{Activity, Observed, ScanResult, TurnId, WriteOutcome};
@@ -675,12 +675,12 @@ fn observed_of_found(found: &Found, turn: TurnId, live: bool) -> Observed {
 
 // ----- the four questions --------------------------------------------------------------------
 
-pub fn activity(service: &RefCell<Service>, agent: &AgentRow) -> Activity {
+pub fn activity(service: &RefCell<dyn Host>, agent: &AgentRow) -> Activity {
     let session = session_of(agent);
     let mut service = service.borrow_mut();
-    let db = service.store.path().to_owned();
+    let db = service.db().to_owned();
     let now = millis(service.now());
-    let open = match service.store.read(|tx| tx.open_runs_for(&agent.id)) {
+    let open = match service.runs().read(|tx| tx.open_runs_for(&agent.id)) {
         Ok(runs) => runs,
         Err(e) => {
             return Activity::Unknown {
@@ -689,7 +689,7 @@ pub fn activity(service: &RefCell<Service>, agent: &AgentRow) -> Activity {
         }
     };
     for run in open {
-        if still_going(&mut service.store, &db, &session, &agent.cwd, &run, now) {
+        if still_going(service.runs(), &db, &session, &agent.cwd, &run, now) {
             return Activity::Busy {
                 turn: Some(TurnId::new(&run.request_id)),
                 detail: None,
@@ -731,7 +731,7 @@ pub fn activity(service: &RefCell<Service>, agent: &AgentRow) -> Activity {
             // The person's interactive session, with a handoffs channel open in it: written
             // to (through the channel) when it says it is idle.
             Some(h) if holders.len() == 1 && h.entrypoint == "cli" => {
-                if super::channel::live_channel(&mut service.store, &db, agent, &holders).is_none()
+                if super::channel::live_channel(service.runs(), &db, agent, &holders).is_none()
                 {
                     return Activity::Busy {
                         turn: None,
@@ -764,7 +764,7 @@ pub fn activity(service: &RefCell<Service>, agent: &AgentRow) -> Activity {
 /// a live handoffs channel in it. `Err` when it is so open but not idle now (the send
 /// boundary's re-check: nothing is written).
 fn channel_now(
-    service: &RefCell<Service>,
+    service: &RefCell<dyn Host>,
     agent: &AgentRow,
     session: &Session,
 ) -> Result<Option<crate::store::ChannelRow>, String> {
@@ -778,15 +778,15 @@ fn channel_now(
         return Ok(None);
     }
     let mut s = service.borrow_mut();
-    let db = s.store.path().to_owned();
-    match super::channel::live_channel(&mut s.store, &db, agent, &holders) {
+    let db = s.db().to_owned();
+    match super::channel::live_channel(s.runs(), &db, agent, &holders) {
         Some((c, h)) if h.status.as_deref() == Some("idle") => Ok(Some(c)),
         Some((_, h)) => Err(h.describe(&session.id)),
         None => Ok(None),
     }
 }
 
-pub async fn start(service: &RefCell<Service>, w: &Write<'_>) -> WriteOutcome {
+pub async fn start(service: &RefCell<dyn Host>, w: &Write<'_>) -> WriteOutcome {
     if w.agent.endpoint.is_empty() {
         return WriteOutcome::Refused {
             detail: "no session id: register the Claude session with --endpoint".to_owned(),
@@ -814,13 +814,13 @@ pub async fn start(service: &RefCell<Service>, w: &Write<'_>) -> WriteOutcome {
 }
 
 /// The run's record first (complete for every write of ours), then the transcript.
-pub fn observe(service: &RefCell<Service>, agent: &AgentRow, request_id: &str) -> Observed {
+pub fn observe(service: &RefCell<dyn Host>, agent: &AgentRow, request_id: &str) -> Observed {
     let session = session_of(agent);
     let mut service = service.borrow_mut();
-    let db = service.store.path().to_owned();
+    let db = service.db().to_owned();
     let now = millis(service.now());
     let turn = TurnId::new(request_id);
-    match service.store.read(|tx| tx.run(request_id)) {
+    match service.runs().read(|tx| tx.run(request_id)) {
         Ok(Some(run)) => {
             if run.outcome.is_some() {
                 return command::observed_of(&run, false);
@@ -831,10 +831,10 @@ pub fn observe(service: &RefCell<Service>, agent: &AgentRow, request_id: &str) -
                     detail: "the write is starting".to_owned(),
                 };
             }
-            if still_going(&mut service.store, &db, &session, &agent.cwd, &run, now) {
+            if still_going(service.runs(), &db, &session, &agent.cwd, &run, now) {
                 return command::observed_of(&run, true);
             }
-            match service.store.read(|tx| tx.run(request_id)) {
+            match service.runs().read(|tx| tx.run(request_id)) {
                 Ok(Some(fresh)) => command::observed_of(&fresh, false),
                 Ok(None) => Observed::NotFound,
                 Err(e) => Observed::Unreachable {
@@ -858,10 +858,10 @@ pub fn observe(service: &RefCell<Service>, agent: &AgentRow, request_id: &str) -
     }
 }
 
-pub fn scan(service: &RefCell<Service>, agent: &AgentRow, request_id: &str) -> ScanResult {
+pub fn scan(service: &RefCell<dyn Host>, agent: &AgentRow, request_id: &str) -> ScanResult {
     let refused_or_none = {
         let mut s = service.borrow_mut();
-        match s.store.read(|tx| tx.run(request_id)) {
+        match s.runs().read(|tx| tx.run(request_id)) {
             Ok(Some(run)) => run.outcome.as_deref() == Some("refused"),
             Ok(None) => true,
             Err(_) => return ScanResult::NothingFound { complete: false },
@@ -873,7 +873,7 @@ pub fn scan(service: &RefCell<Service>, agent: &AgentRow, request_id: &str) -> S
             observed => ScanResult::Found { observed },
         };
     }
-    let db = service.borrow().store.path().to_owned();
+    let db = service.borrow().db().to_owned();
     if command::run_may_start(&db, request_id) {
         return ScanResult::NothingFound { complete: false };
     }

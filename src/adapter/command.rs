@@ -12,9 +12,9 @@
 //! its supervisor is reported as interrupted, never guessed finished. The `runs` table is the
 //! recipient's history: a scan of it is always complete.
 
+use super::Host;
 use super::http::HttpError;
 use super::{Adapters, Write};
-use crate::service::Service;
 use crate::store::{AgentRow, RunRow, Store, millis, sibling};
 use model::states::TurnFailure;
 use model::{Activity, Observed, RequestId, ScanResult, TurnId, WriteOutcome};
@@ -262,7 +262,7 @@ pub(crate) fn observed_of(run: &RunRow, alive: bool) -> Observed {
 
 pub async fn activity(
     adapters: &Adapters,
-    service: &RefCell<Service>,
+    service: &RefCell<dyn Host>,
     agent: &AgentRow,
 ) -> Activity {
     if argv(agent).is_none() {
@@ -295,9 +295,9 @@ pub async fn activity(
     }
     // From here on nothing awaits: the service stays borrowed.
     let mut service = service.borrow_mut();
-    let db = service.store.path().to_owned();
+    let db = service.db().to_owned();
     let now = millis(service.now());
-    let open = match service.store.read(|tx| tx.open_runs_for(&agent.id)) {
+    let open = match service.runs().read(|tx| tx.open_runs_for(&agent.id)) {
         Ok(runs) => runs,
         Err(e) => {
             return Activity::Unknown {
@@ -306,7 +306,7 @@ pub async fn activity(
         }
     };
     for run in open {
-        if still_running(&mut service.store, &db, &run, now) {
+        if still_running(service.runs(), &db, &run, now) {
             return Activity::Busy {
                 turn: Some(TurnId::new(&run.request_id)),
                 detail: None,
@@ -316,7 +316,7 @@ pub async fn activity(
     Activity::Idle
 }
 
-pub async fn start(adapters: &Adapters, service: &RefCell<Service>, w: &Write<'_>) -> WriteOutcome {
+pub async fn start(adapters: &Adapters, service: &RefCell<dyn Host>, w: &Write<'_>) -> WriteOutcome {
     if let Some(argv) = argv(w.agent) {
         return start_argv(service, w, argv).await;
     }
@@ -358,14 +358,14 @@ pub async fn start(adapters: &Adapters, service: &RefCell<Service>, w: &Write<'_
     }
 }
 
-async fn start_argv(service: &RefCell<Service>, w: &Write<'_>, argv: Vec<String>) -> WriteOutcome {
+async fn start_argv(service: &RefCell<dyn Host>, w: &Write<'_>, argv: Vec<String>) -> WriteOutcome {
     start_supervised(service, w, argv, &[]).await
 }
 
 /// Writes one turn through `handoffs supervise` running `argv`; `extra` are more of the
 /// supervisor's own flags (how to speak to the program).
 pub(crate) async fn start_supervised(
-    service: &RefCell<Service>,
+    service: &RefCell<dyn Host>,
     w: &Write<'_>,
     argv: Vec<String>,
     extra: &[String],
@@ -454,7 +454,7 @@ pub(crate) async fn start_supervised(
     // A refused run never ran: its row goes, so the one allowed retry (same request id) runs.
     if let Err(e) = service
         .borrow_mut()
-        .store
+        .runs()
         .write(|tx| tx.forget_refused_run(w.request_id))
     {
         return WriteOutcome::Refused {
@@ -481,7 +481,7 @@ pub(crate) async fn start_supervised(
     let started = std::time::Instant::now();
     let mut gone: Option<Option<i32>> = None;
     loop {
-        let found = service.borrow_mut().store.read(|tx| tx.run(w.request_id));
+        let found = service.borrow_mut().runs().read(|tx| tx.run(w.request_id));
         match found {
             Ok(Some(run)) if run.outcome.as_deref() == Some("refused") => {
                 return WriteOutcome::Refused {
@@ -545,25 +545,25 @@ pub(crate) async fn start_supervised(
 
 pub async fn observe(
     adapters: &Adapters,
-    service: &RefCell<Service>,
+    service: &RefCell<dyn Host>,
     agent: &AgentRow,
     request_id: &str,
 ) -> Observed {
     if argv(agent).is_some() {
         // Nothing awaits in argv mode: the service stays borrowed.
         let mut service = service.borrow_mut();
-        let db = service.store.path().to_owned();
+        let db = service.db().to_owned();
         let now = millis(service.now());
-        return match service.store.read(|tx| tx.run(request_id)) {
+        return match service.runs().read(|tx| tx.run(request_id)) {
             Ok(Some(run)) => {
                 if run.outcome.is_some() {
                     return observed_of(&run, false);
                 }
-                if still_running(&mut service.store, &db, &run, now) {
+                if still_running(service.runs(), &db, &run, now) {
                     return observed_of(&run, true);
                 }
                 // Over: recorded by its supervisor meanwhile, or by us just now.
-                match service.store.read(|tx| tx.run(request_id)) {
+                match service.runs().read(|tx| tx.run(request_id)) {
                     Ok(Some(fresh)) => observed_of(&fresh, false),
                     Ok(None) => Observed::NotFound,
                     Err(e) => Observed::Unreachable {
@@ -630,23 +630,23 @@ async fn http_status(adapters: &Adapters, status_url: &str, request_id: &str) ->
 
 pub async fn scan(
     adapters: &Adapters,
-    service: &RefCell<Service>,
+    service: &RefCell<dyn Host>,
     agent: &AgentRow,
     request_id: &str,
 ) -> ScanResult {
     if argv(agent).is_some() {
         let mut service = service.borrow_mut();
-        let db = service.store.path().to_owned();
+        let db = service.db().to_owned();
         let now = millis(service.now());
-        return match service.store.read(|tx| tx.run(request_id)) {
+        return match service.runs().read(|tx| tx.run(request_id)) {
             Ok(Some(run)) if run.outcome.as_deref() != Some("refused") => {
                 let alive =
-                    run.outcome.is_none() && still_running(&mut service.store, &db, &run, now);
+                    run.outcome.is_none() && still_running(service.runs(), &db, &run, now);
                 let run = if alive {
                     run
                 } else {
                     // Read again: the outcome may have been recorded since.
-                    match service.store.read(|tx| tx.run(request_id)) {
+                    match service.runs().read(|tx| tx.run(request_id)) {
                         Ok(Some(fresh)) => fresh,
                         _ => return ScanResult::NothingFound { complete: false },
                     }

@@ -2,8 +2,8 @@
 //! that ends after `turn_seconds / speed`; when the engine observes it finished, the demo
 //! agent does what a real one would: it returns work it was given.
 
+use super::Host;
 use super::Write;
-use crate::service::Service;
 use crate::store::{AgentRow, RunRow, millis};
 use model::{Activity, Observed, ScanResult, TurnId, WriteOutcome};
 use serde_json::Value;
@@ -38,9 +38,9 @@ fn turn_ms(agent: &AgentRow) -> i64 {
     ms.max(1)
 }
 
-pub fn activity(service: &mut Service, agent: &AgentRow) -> Activity {
+pub fn activity(service: &mut dyn Host, agent: &AgentRow) -> Activity {
     let now = millis(service.now());
-    let open = service.store.read(|tx| tx.open_runs_for(&agent.id));
+    let open = service.runs().read(|tx| tx.open_runs_for(&agent.id));
     match open {
         Ok(runs) => match runs.iter().find(|r| r.ends_at.is_some_and(|e| e > now)) {
             Some(r) => Activity::Busy {
@@ -55,7 +55,7 @@ pub fn activity(service: &mut Service, agent: &AgentRow) -> Activity {
     }
 }
 
-pub fn start(service: &mut Service, w: &Write<'_>) -> WriteOutcome {
+pub fn start(service: &mut dyn Host, w: &Write<'_>) -> WriteOutcome {
     let now = millis(service.now());
     let row = RunRow {
         request_id: w.request_id.to_owned(),
@@ -69,12 +69,12 @@ pub fn start(service: &mut Service, w: &Write<'_>) -> WriteOutcome {
         outcome: None,
         detail: None,
     };
-    match service.store.write(|tx| tx.insert_run(&row)) {
+    match service.runs().write(|tx| tx.insert_run(&row)) {
         Ok(()) => {
             // The demo agent takes on work it was given as its turn starts, as a real one
             // would with `handoffs accept`.
             if w.message.kind == "work"
-                && let Err(e) = service.accept(&w.message.id, &w.agent.id)
+                && let Err(e) = service.accept_work(&w.message.id, &w.agent.id)
             {
                 tracing::debug!(error = %e, "demo agent could not accept work");
             }
@@ -89,9 +89,9 @@ pub fn start(service: &mut Service, w: &Write<'_>) -> WriteOutcome {
     }
 }
 
-pub fn observe(service: &mut Service, agent: &AgentRow, request_id: &str) -> Observed {
+pub fn observe(service: &mut dyn Host, agent: &AgentRow, request_id: &str) -> Observed {
     let now = millis(service.now());
-    let run = match service.store.read(|tx| tx.run(request_id)) {
+    let run = match service.runs().read(|tx| tx.run(request_id)) {
         Ok(r) => r,
         Err(e) => {
             return Observed::Unreachable {
@@ -115,12 +115,12 @@ pub fn observe(service: &mut Service, agent: &AgentRow, request_id: &str) -> Obs
 
 /// The demo agent's turn ends: it returns the work it was given, as a real agent would
 /// with `handoffs return`.
-fn finish(service: &mut Service, agent: &AgentRow, run: &RunRow, now: i64) {
+fn finish(service: &mut dyn Host, agent: &AgentRow, run: &RunRow, now: i64) {
     let _ = service
-        .store
+        .runs()
         .write(|tx| tx.finish_run(&run.request_id, now, Some(0), "returned", None));
     let message = service
-        .store
+        .runs()
         .read(|tx| tx.message(&run.message_id))
         .ok()
         .flatten();
@@ -129,14 +129,14 @@ fn finish(service: &mut Service, agent: &AgentRow, run: &RunRow, now: i64) {
         && let Some(title) = &m.title
     {
         let summary = format!("{} finished \"{title}\"", agent.name);
-        if let Err(e) = service.return_work(&m.id, &agent.id, &summary, None, false) {
+        if let Err(e) = service.return_work(&m.id, &agent.id, &summary) {
             tracing::debug!(error = %e, "demo agent could not return work");
         }
     }
 }
 
-pub fn scan(service: &mut Service, request_id: &str) -> ScanResult {
-    match service.store.read(|tx| tx.run(request_id)) {
+pub fn scan(service: &mut dyn Host, request_id: &str) -> ScanResult {
+    match service.runs().read(|tx| tx.run(request_id)) {
         Ok(Some(_)) => ScanResult::Found {
             observed: Observed::Running {
                 turn: TurnId::new(request_id),

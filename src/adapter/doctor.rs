@@ -60,7 +60,7 @@ pub fn check(agent: &AgentRow) -> Vec<Finding> {
         agent: agent.id.clone(),
         out: Vec::new(),
     };
-    let provider = crate::service::parse_provider(&agent.provider).ok();
+    let provider = agent.provider.parse::<Provider>().ok();
     if !agent.cwd.is_empty() {
         if Path::new(&agent.cwd).is_dir() {
             f.ok(format!("folder {} exists", agent.cwd));

@@ -10,13 +10,30 @@ pub mod command;
 pub mod demo;
 pub mod doctor;
 pub mod http;
+pub mod outage;
 
-use crate::service::Service;
-use crate::store::{AgentRow, MessageRow};
-use model::{Activity, Observed, Provider, ScanResult, WriteOutcome};
+use crate::store::{AgentRow, MessageRow, Store};
+use model::{Activity, Millis, Observed, Provider, ScanResult, WriteOutcome};
 use serde_json::Value;
 use std::cell::RefCell;
 use std::path::Path;
+
+/// What an adapter needs from the process that runs it, and nothing more: the run records
+/// (the `runs`, `pushes` and `channels` tables), the clock, and the two work verbs the demo
+/// agent uses as its own recipient. The service implements it; adapters never see the service,
+/// so the dependency runs one way (service and engine on adapters, never back).
+pub trait Host {
+    /// The database that holds the run records.
+    fn runs(&mut self) -> &mut Store;
+    /// The database's file.
+    fn db(&self) -> &Path;
+    /// The current time (the real clock, or the simulation's).
+    fn now(&self) -> Millis;
+    /// The demo agent takes on the work it was given, as `handoffs accept` would.
+    fn accept_work(&mut self, message: &str, agent: &str) -> Result<(), String>;
+    /// The demo agent hands its finished work back, as `handoffs return` would.
+    fn return_work(&mut self, message: &str, agent: &str, summary: &str) -> Result<(), String>;
+}
 
 /// What a write needs to know.
 #[derive(Debug)]
@@ -52,14 +69,14 @@ impl Adapters {
     }
 
     fn provider(agent: &AgentRow) -> Option<Provider> {
-        crate::service::parse_provider(&agent.provider).ok()
+        agent.provider.parse::<Provider>().ok()
     }
 
     /// Whether the recipient is idle, busy, or cannot be verified.
-    pub async fn activity(&self, service: &RefCell<Service>, agent: &AgentRow) -> Activity {
+    pub async fn activity(&self, service: &RefCell<dyn Host>, agent: &AgentRow) -> Activity {
         match Self::provider(agent) {
             Some(Provider::Command) => command::activity(self, service, agent).await,
-            Some(Provider::Demo) => demo::activity(&mut service.borrow_mut(), agent),
+            Some(Provider::Demo) => demo::activity(&mut *service.borrow_mut(), agent),
             Some(Provider::ClaudeCode) => claude::activity(service, agent),
             Some(Provider::Codex) => codex::activity(service, agent).await,
             None => Activity::Unknown {
@@ -74,10 +91,10 @@ impl Adapters {
     }
 
     /// Writes one turn, once.
-    pub async fn start(&self, service: &RefCell<Service>, w: &Write<'_>) -> WriteOutcome {
+    pub async fn start(&self, service: &RefCell<dyn Host>, w: &Write<'_>) -> WriteOutcome {
         match Self::provider(w.agent) {
             Some(Provider::Command) => command::start(self, service, w).await,
-            Some(Provider::Demo) => demo::start(&mut service.borrow_mut(), w),
+            Some(Provider::Demo) => demo::start(&mut *service.borrow_mut(), w),
             Some(Provider::ClaudeCode) => claude::start(service, w).await,
             Some(Provider::Codex) => codex::start(service, w).await,
             _ => WriteOutcome::Refused {
@@ -89,13 +106,13 @@ impl Adapters {
     /// What became of `request_id`.
     pub async fn observe(
         &self,
-        service: &RefCell<Service>,
+        service: &RefCell<dyn Host>,
         agent: &AgentRow,
         request_id: &str,
     ) -> Observed {
         match Self::provider(agent) {
             Some(Provider::Command) => command::observe(self, service, agent, request_id).await,
-            Some(Provider::Demo) => demo::observe(&mut service.borrow_mut(), agent, request_id),
+            Some(Provider::Demo) => demo::observe(&mut *service.borrow_mut(), agent, request_id),
             Some(Provider::ClaudeCode) => claude::observe(service, agent, request_id),
             Some(Provider::Codex) => codex::observe(service, agent, request_id).await,
             _ => Observed::Unreachable {
@@ -107,13 +124,13 @@ impl Adapters {
     /// Searches the recipient's history for `request_id`.
     pub async fn scan(
         &self,
-        service: &RefCell<Service>,
+        service: &RefCell<dyn Host>,
         agent: &AgentRow,
         request_id: &str,
     ) -> ScanResult {
         match Self::provider(agent) {
             Some(Provider::Command) => command::scan(self, service, agent, request_id).await,
-            Some(Provider::Demo) => demo::scan(&mut service.borrow_mut(), request_id),
+            Some(Provider::Demo) => demo::scan(&mut *service.borrow_mut(), request_id),
             Some(Provider::ClaudeCode) => claude::scan(service, agent, request_id),
             Some(Provider::Codex) => codex::scan(service, agent, request_id).await,
             _ => ScanResult::NothingFound { complete: false },

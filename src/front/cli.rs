@@ -270,7 +270,7 @@ pub enum TaskCmd {
         #[arg(long = "for", value_name = "AGENT")]
         target: Option<String>,
         /// The handoff budget, 0–16.
-        #[arg(long, default_value_t = crate::ledger::HANDOFF_CAP_DEFAULT)]
+        #[arg(long, default_value_t = crate::service::ledger::HANDOFF_CAP_DEFAULT)]
         cap: i64,
     },
     /// Take the workspace's writer lease for a task; prints the lease token.
@@ -655,7 +655,7 @@ fn sim_cmd(cli: &Cli, seed: Option<u64>, seeds: Option<&str>, trace: bool) -> Re
 }
 
 fn task(cli: &Cli, cmd: &TaskCmd) -> Result<(), Failure> {
-    use crate::ledger::{Ledger, Task, find_root};
+    use crate::service::ledger::{Ledger, Task, find_root};
     let cwd = std::env::current_dir().map_err(|e| usage(format!("no current folder: {e}")))?;
     let mut l = Ledger::open_root(&find_root(&cwd)?)?;
     // With a delivery database at hand, agents named here must be registered there.

@@ -5,6 +5,7 @@
 
 pub mod card;
 pub mod deliveries;
+pub mod ledger;
 pub mod tasks;
 
 use crate::store::{
@@ -239,15 +240,7 @@ pub fn body_hash(body: &str) -> String {
 }
 
 pub fn parse_provider(s: &str) -> Result<Provider> {
-    match s {
-        "demo" => Ok(Provider::Demo),
-        "command" => Ok(Provider::Command),
-        "codex" => Ok(Provider::Codex),
-        "claude-code" => Ok(Provider::ClaudeCode),
-        other => usage(format!(
-            "unknown provider {other:?}; use demo, command, codex or claude-code"
-        )),
-    }
+    s.parse().map_err(ServiceError::Usage)
 }
 
 /// What `add_agent` did: the agent as stored, and (G1) the open deliveries that stay with
@@ -399,6 +392,32 @@ pub fn enabled_after(tx: &Tx<'_>) -> Result<i64, StoreError> {
         .config("enabledAfter")?
         .and_then(|v| v.as_i64())
         .unwrap_or(0))
+}
+
+impl crate::adapter::Host for Service {
+    fn runs(&mut self) -> &mut Store {
+        &mut self.store
+    }
+
+    fn db(&self) -> &std::path::Path {
+        self.store.path()
+    }
+
+    fn now(&self) -> Millis {
+        Service::now(self)
+    }
+
+    fn accept_work(&mut self, message: &str, agent: &str) -> Result<(), String> {
+        self.accept(message, agent)
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+
+    fn return_work(&mut self, message: &str, agent: &str, summary: &str) -> Result<(), String> {
+        Service::return_work(self, message, agent, summary, None, false)
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
 }
 
 impl Service {
@@ -1198,7 +1217,7 @@ fn parse_config_value(key: &str, raw: &str, now: Millis) -> Result<Value> {
         "outageGuard" => {
             let v: Value = serde_json::from_str(raw)
                 .map_err(|e| ServiceError::Usage(format!("outageGuard takes JSON: {e}")))?;
-            crate::engine::outage::check_config(&v).map_err(ServiceError::Usage)?;
+            crate::adapter::outage::check_config(&v).map_err(ServiceError::Usage)?;
             Ok(v)
         }
         _ => usage(format!("unknown config key {key:?}")),

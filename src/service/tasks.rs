@@ -2,7 +2,7 @@
 //! next agent, the same from the CLI (`handoffs task pass`) and MCP (`pass_handoff`).
 
 use super::{Result, Service, ServiceError};
-use crate::ledger::{Ledger, Passed};
+use crate::service::ledger::{Ledger, Passed};
 use serde::Serialize;
 use serde_json::{Value, json};
 

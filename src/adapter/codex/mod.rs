@@ -22,9 +22,9 @@
 
 pub mod daemon;
 
+use super::Host;
 use super::command;
 use super::{Write, doctor};
-use crate::service::Service;
 use crate::store::{AgentRow, RunRow, millis};
 use model::states::TurnFailure;
 use model::{Activity, Observed, ScanResult, TurnId, WriteOutcome};
@@ -1003,11 +1003,11 @@ static PROBED: std::sync::Mutex<
 /// Where an open run stands: its supervisor lives, its own app-server does, or its turn runs
 /// on (or its message waits) in the Codex daemon, which outlives a supervisor. A run that is
 /// over is recorded.
-async fn standing(service: &RefCell<Service>, agent: &AgentRow, run: &RunRow) -> Standing {
+async fn standing(service: &RefCell<dyn Host>, agent: &AgentRow, run: &RunRow) -> Standing {
     let (db, now, marks) = {
         let mut s = service.borrow_mut();
-        let marks = s.store.read(|tx| tx.run_marks(&run.request_id));
-        (s.store.path().to_owned(), millis(s.now()), marks)
+        let marks = s.runs().read(|tx| tx.run_marks(&run.request_id));
+        (s.db().to_owned(), millis(s.now()), marks)
     };
     let marks = match marks {
         Ok(m) => m,
@@ -1066,7 +1066,7 @@ async fn standing(service: &RefCell<Service>, agent: &AgentRow, run: &RunRow) ->
             None => {
                 let _ = service
                     .borrow_mut()
-                    .store
+                    .runs()
                     .write(|tx| tx.mark_run_missing(&run.request_id, now));
                 Standing::Going
             }
@@ -1085,7 +1085,7 @@ async fn standing(service: &RefCell<Service>, agent: &AgentRow, run: &RunRow) ->
     if let Standing::Over(outcome, detail) = &standing {
         let _ = service
             .borrow_mut()
-            .store
+            .runs()
             .write(|tx| tx.finish_run(&run.request_id, now, None, outcome, Some(detail)));
     }
     standing
@@ -1302,11 +1302,11 @@ fn observed_of_found(found: &Found, turn: TurnId) -> Observed {
 
 // ----- the four questions ---------------------------------------------------------------------
 
-pub async fn activity(service: &RefCell<Service>, agent: &AgentRow) -> Activity {
+pub async fn activity(service: &RefCell<dyn Host>, agent: &AgentRow) -> Activity {
     let thread = thread_of(agent);
     let open = match service
         .borrow_mut()
-        .store
+        .runs()
         .read(|tx| tx.open_runs_for(&agent.id))
     {
         Ok(runs) => runs,
@@ -1330,7 +1330,7 @@ pub async fn activity(service: &RefCell<Service>, agent: &AgentRow) -> Activity 
                 // of a thread that is open elsewhere or running.
                 let held = service
                     .borrow_mut()
-                    .store
+                    .runs()
                     .read(|tx| tx.delivery(&run.message_id))
                     .ok()
                     .flatten()
@@ -1420,7 +1420,7 @@ pub async fn activity(service: &RefCell<Service>, agent: &AgentRow) -> Activity 
     }
 }
 
-pub async fn start(service: &RefCell<Service>, w: &Write<'_>) -> WriteOutcome {
+pub async fn start(service: &RefCell<dyn Host>, w: &Write<'_>) -> WriteOutcome {
     if w.agent.endpoint.is_empty() {
         return WriteOutcome::Refused {
             detail: "no thread id: register the Codex thread with --endpoint".to_owned(),
@@ -1440,10 +1440,10 @@ pub async fn start(service: &RefCell<Service>, w: &Write<'_>) -> WriteOutcome {
     command::start_supervised(service, w, argv, &extra).await
 }
 
-pub async fn observe(service: &RefCell<Service>, agent: &AgentRow, request_id: &str) -> Observed {
+pub async fn observe(service: &RefCell<dyn Host>, agent: &AgentRow, request_id: &str) -> Observed {
     let thread = thread_of(agent);
-    let db = service.borrow().store.path().to_owned();
-    let run = service.borrow_mut().store.read(|tx| tx.run(request_id));
+    let db = service.borrow().db().to_owned();
+    let run = service.borrow_mut().runs().read(|tx| tx.run(request_id));
     match run {
         Ok(Some(run)) => {
             if run.outcome.is_some() {
@@ -1461,7 +1461,7 @@ pub async fn observe(service: &RefCell<Service>, agent: &AgentRow, request_id: &
                 Standing::Unknown(detail) => return Observed::Unreachable { detail },
                 Standing::Over(..) => {}
             }
-            let fresh = service.borrow_mut().store.read(|tx| tx.run(request_id));
+            let fresh = service.borrow_mut().runs().read(|tx| tx.run(request_id));
             match fresh {
                 Ok(Some(fresh)) => command::observed_of(&fresh, false),
                 Ok(None) => Observed::NotFound,
@@ -1483,10 +1483,10 @@ pub async fn observe(service: &RefCell<Service>, agent: &AgentRow, request_id: &
     }
 }
 
-pub async fn scan(service: &RefCell<Service>, agent: &AgentRow, request_id: &str) -> ScanResult {
+pub async fn scan(service: &RefCell<dyn Host>, agent: &AgentRow, request_id: &str) -> ScanResult {
     let refused_or_none = {
         let mut s = service.borrow_mut();
-        match s.store.read(|tx| tx.run(request_id)) {
+        match s.runs().read(|tx| tx.run(request_id)) {
             Ok(Some(run)) => run.outcome.as_deref() == Some("refused"),
             Ok(None) => true,
             Err(_) => return ScanResult::NothingFound { complete: false },
@@ -1498,7 +1498,7 @@ pub async fn scan(service: &RefCell<Service>, agent: &AgentRow, request_id: &str
             observed => ScanResult::Found { observed },
         };
     }
-    let db = service.borrow().store.path().to_owned();
+    let db = service.borrow().db().to_owned();
     if command::run_may_start(&db, request_id) {
         return ScanResult::NothingFound { complete: false };
     }

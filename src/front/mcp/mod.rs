@@ -13,7 +13,7 @@
 pub mod transport;
 
 use crate::context::Library;
-use crate::ledger::{Ledger, find_root};
+use crate::service::ledger::{Ledger, find_root};
 use crate::service::{Outcome, Service, ServiceError};
 use crate::store::{MessageRow, Store};
 use rmcp::handler::server::common::{schema_for_empty_input, schema_for_input};

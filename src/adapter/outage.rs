@@ -1,7 +1,7 @@
 //! The outage guard (SPEC §5 `config outageGuard`): polls a Statuspage-style `summary.json`
 //! with a timeout and a cache, and fails open (an unreachable status page is no outage).
 
-use crate::adapter::http::Http;
+use super::http::Http;
 use serde_json::Value;
 use std::cell::RefCell;
 use std::time::Duration;

@@ -16,7 +16,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::service::{ServiceError, check_agent_id};
+use super::{ServiceError, check_agent_id};
 
 pub const LEASE_MINUTES_DEFAULT: i64 = 90;
 pub const LEASE_MINUTES_MAX: i64 = 24 * 60;
@@ -221,7 +221,7 @@ fn check_text(what: &str, s: &str, max: usize, required: bool) -> Result<()> {
 }
 
 fn check_task_id(id: &str) -> Result<()> {
-    if id.is_empty() || id.len() > crate::service::ID_CHARS_MAX {
+    if id.is_empty() || id.len() > super::ID_CHARS_MAX {
         return usage("a task id must be 1 to 200 characters");
     }
     Ok(())
@@ -530,7 +530,7 @@ impl Ledger {
             .map_err(db_err)?;
         match ids.as_slice() {
             [one] if one == given => Ok(one.clone()),
-            _ if given.len() < crate::service::ID_PREFIX_MIN => usage(format!(
+            _ if given.len() < super::ID_PREFIX_MIN => usage(format!(
                 "{given:?} is too short: give the full task id or at least 6 characters"
             )),
             [one] => Ok(one.clone()),
