@@ -58,7 +58,7 @@ fn stop(mut c: Child) {
 /// How many deliveries returned: one indexed count, so that watching costs the engine
 /// next to nothing (the full overview would).
 fn returned(s: &mut Service) -> i64 {
-    let c = rusqlite::Connection::open(s.store.path()).unwrap();
+    let c = rusqlite::Connection::open(s.db_path()).unwrap();
     c.query_row(
         "SELECT count(*) FROM deliveries WHERE state = 'RETURNED'",
         [],

@@ -20,6 +20,11 @@ pub fn now() -> Millis {
     Millis(ms)
 }
 
+/// The current time, in milliseconds since the epoch, as the records hold it.
+pub fn now_ms() -> i64 {
+    i64::try_from(now().0).unwrap_or(i64::MAX)
+}
+
 /// A fresh id (32 hex digits): random, or from this thread's seeded stream (see
 /// [`seed_ids`]). Unique prefixes of 6 or more characters stay practical.
 pub fn new_id() -> String {

@@ -11,6 +11,7 @@ pub mod planted;
 pub mod service;
 pub mod simulate;
 pub mod store;
+pub mod text;
 
 pub use model;
 

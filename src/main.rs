@@ -28,14 +28,19 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    tracing_subscriber::fmt()
+    // HANDOFFS_LOG, else RUST_LOG, else warnings only.
+    let filter = tracing_subscriber::EnvFilter::try_from_env("HANDOFFS_LOG")
+        .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let logs = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("HANDOFFS_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .init();
+        .with_env_filter(filter);
+    match cli.log_format {
+        cli::LogFormat::Text => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        cli::LogFormat::Json => logs.json().with_current_span(true).init(),
+    }
     match cli::run(&cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {

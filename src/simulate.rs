@@ -248,16 +248,7 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
     drop(setup);
 
     let trace: Trace = Arc::default();
-    let rates = TurnRates {
-        refusal: plan.refusal_rate,
-        errored: plan.errored_turn_rate,
-        interrupted: plan.interrupted_turn_rate,
-        slow: plan.slow_turn_rate,
-        person: plan.person_turn_rate,
-        failed_write: plan.failed_write_rate,
-        unknown_activity: plan.unknown_activity_rate,
-        racing_turn: plan.racing_turn_rate,
-    };
+    let rates = turn_rates(&plan);
     // The agents' hosts, then the spare host (the address a re-registration moves one to).
     let agents: Vec<Agent> = names
         .iter()
@@ -283,133 +274,27 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
     let sent: Arc<Mutex<Vec<Sent>>> = Arc::default();
     let holds: Arc<Mutex<Vec<oracle::HoldRow>>> = Arc::default();
 
-    let mut sim = sim::turmoil::Builder::new()
-        .simulation_duration(FAULT_PHASE + SETTLE_LIMIT + Duration::from_secs(3_600))
-        .tick_duration(TICK)
-        .min_message_latency(Duration::from_millis(1))
-        .max_message_latency(Duration::from_millis(40))
-        .rng_seed(seed)
-        .build();
-    {
-        let page = page.clone();
-        sim.host("status", move || sim::status::host(page.clone()));
-    }
-    for (name, agent) in names.iter().map(String::as_str).chain([SPARE]).zip(&agents) {
-        let agent = agent.clone();
-        sim.host(name, move || sim::agent::host(agent.clone()));
-    }
-    {
-        let db = db.clone();
-        let policy = policy.clone();
-        let trace = trace.clone();
-        sim.host("engine", move || {
-            let db = db.clone();
-            let policy = policy.clone();
-            let trace = trace.clone();
-            async move {
-                note(&trace, "engine", "starts".to_owned());
-                let store = Store::open(&db)?;
-                let service = Service::with_clock(store, sim_clock());
-                let mut engine = Engine::new(service, false)?
-                    .with_policy(policy)
-                    .with_http(crate::adapter::http::Http::new(SimTransport))
-                    .with_watch_interval(Duration::from_secs(1));
-                engine
-                    .run(Duration::from_secs(5), std::future::pending())
-                    .await?;
-                Ok(())
-            }
-        });
-    }
-    {
-        let db = db.clone();
-        let names = names.clone();
-        let trace = trace.clone();
-        let stop = stop.clone();
-        let sent = sent.clone();
-        let holds = holds.clone();
-        let handoffs = plan.handoffs;
-        sim.client("driver", async move {
-            let person = Person {
-                trace: &trace,
-                sent: &sent,
-                holds: &holds,
-                stop: &stop,
-            };
-            driver(&db, seed, &names, handoffs, &person).await?;
-            Ok(())
-        });
-    }
-
-    // The faults as start and end actions, in time order.
-    let mut actions: Vec<(Duration, bool, FaultKind)> = Vec::new();
-    for f in plan.faults(FAULT_PHASE) {
-        actions.push((f.at, true, f.kind.clone()));
-        actions.push((f.at + f.for_, false, f.kind));
-    }
-    actions.sort_by_key(|a| a.0);
-    let mut next_action = 0;
-    let mut sim_error: Option<String> = None;
-    let mut driver_done = false;
-    let mut healed_at: Option<Duration> = None;
-    let mut last_check = Duration::ZERO;
-    let mut released: BTreeSet<String> = BTreeSet::new();
-    let mut faults_on: BTreeMap<String, u32> = BTreeMap::new();
-    let mut reregistered: BTreeSet<String> = BTreeSet::new();
+    let w = World {
+        seed,
+        db: &db,
+        names: &names,
+        agents: &agents,
+        page: &page,
+        policy,
+        trace: &trace,
+        stop: &stop,
+        sent: &sent,
+        holds: &holds,
+        handoffs: plan.handoffs,
+    };
+    let mut sim = world(&w);
     let checker = rusqlite::Connection::open(&db).map_err(|e| e.to_string())?;
-    loop {
-        let now = sim.elapsed();
-        while healed_at.is_none() && next_action < actions.len() && actions[next_action].0 <= now {
-            let (_, start, kind) = actions[next_action].clone();
-            next_action += 1;
-            // Faults of one kind on one target may overlap: the first to end must not end
-            // the others (a fault is on while any of its windows lasts).
-            let key = format!("{kind:?}");
-            let n = faults_on.entry(key).or_default();
-            let (was, now_on) = (*n, if start { *n + 1 } else { n.saturating_sub(1) });
-            *n = now_on;
-            if let (FaultKind::Reregistered(a), true) = (&kind, start) {
-                reregistered.insert(names[*a].clone());
-            }
-            if (was == 0) != (now_on == 0) {
-                apply(
-                    &mut sim, &db, &names, &agents, &page, &trace, now, start, &kind,
-                );
-            }
-        }
-        if healed_at.is_none() && now >= FAULT_PHASE {
-            heal(&mut sim, &db, &names, &agents, &page, &trace, now);
-            healed_at = Some(now);
-        }
-        if now >= last_check + Duration::from_secs(60) {
-            last_check = now;
-            if let Some(h) = healed_at {
-                let rows = delivery_rows(&checker)?;
-                if now >= h + PERSON_RELEASES_AFTER {
-                    person_releases(&db, &rows, &mut released, &trace, now)?;
-                }
-                if now > h + SETTLE_LIMIT {
-                    break;
-                }
-                if rows.iter().all(oracle::settled) {
-                    // Settled: stop the driver (it may still return work, which is a new
-                    // delivery), and end once it is gone and everything is still settled.
-                    if driver_done {
-                        break;
-                    }
-                    stop.store(true, Ordering::SeqCst);
-                    last_check = now.saturating_sub(Duration::from_secs(59));
-                }
-            }
-        }
-        match sim.step() {
-            Ok(done) => driver_done = done,
-            Err(e) => {
-                sim_error = Some(format!("the simulation stopped at {}: {e}", hms(now)));
-                break;
-            }
-        }
-    }
+    let Stepped {
+        sim_error,
+        healed_at,
+        released,
+        reregistered,
+    } = step_until_settled(&mut sim, &w, &fault_actions(&plan), &checker)?;
     let virtual_time = sim.elapsed();
     stop.store(true, Ordering::SeqCst);
     drop(sim);
@@ -444,6 +329,166 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
     ran.violations.extend(sim_error);
     verdicts.push(ran);
 
+    let (out, ok) = report(&Report {
+        seed,
+        plan: &plan,
+        trace: trace_on.then_some(&trace),
+        agents: &agents,
+        facts: &facts,
+        sent: sent.len(),
+        virtual_time,
+        verdicts: &verdicts,
+    });
+    let verdicts = verdicts
+        .iter()
+        .map(|v| (v.key, v.exercised, v.ok()))
+        .collect();
+    Ok(Outcome {
+        seed,
+        text: out,
+        ok,
+        virtual_time,
+        verdicts,
+    })
+}
+
+/// What a seed's world is made of.
+struct World<'a> {
+    seed: u64,
+    db: &'a Path,
+    names: &'a [String],
+    agents: &'a [Agent],
+    page: &'a Page,
+    policy: &'a Policy,
+    trace: &'a Trace,
+    stop: &'a Arc<AtomicBool>,
+    sent: &'a Arc<Mutex<Vec<Sent>>>,
+    holds: &'a Arc<Mutex<Vec<oracle::HoldRow>>>,
+    handoffs: usize,
+}
+
+/// The simulated network: the status page, the agents' hosts (and the spare), the engine,
+/// and the driver (the people who send).
+fn world(w: &World<'_>) -> sim::turmoil::Sim<'static> {
+    let mut sim = sim::turmoil::Builder::new()
+        .simulation_duration(FAULT_PHASE + SETTLE_LIMIT + Duration::from_secs(3_600))
+        .tick_duration(TICK)
+        .min_message_latency(Duration::from_millis(1))
+        .max_message_latency(Duration::from_millis(40))
+        .rng_seed(w.seed)
+        .build();
+    {
+        let page = w.page.clone();
+        sim.host("status", move || sim::status::host(page.clone()));
+    }
+    for (name, agent) in w
+        .names
+        .iter()
+        .map(String::as_str)
+        .chain([SPARE])
+        .zip(w.agents)
+    {
+        let agent = agent.clone();
+        sim.host(name, move || sim::agent::host(agent.clone()));
+    }
+    {
+        let db = w.db.to_owned();
+        let policy = w.policy.clone();
+        let trace = w.trace.clone();
+        sim.host("engine", move || {
+            let db = db.clone();
+            let policy = policy.clone();
+            let trace = trace.clone();
+            async move {
+                note(&trace, "engine", "starts".to_owned());
+                let store = Store::open(&db)?;
+                let service = Service::with_clock(store, sim_clock());
+                let mut engine = Engine::new(service, false)?
+                    .with_policy(policy)
+                    .with_http(crate::adapter::http::Http::new(SimTransport))
+                    .with_watch_interval(Duration::from_secs(1));
+                engine
+                    .run(Duration::from_secs(5), std::future::pending())
+                    .await?;
+                Ok(())
+            }
+        });
+    }
+    {
+        let db = w.db.to_owned();
+        let names = w.names.to_vec();
+        let trace = w.trace.clone();
+        let stop = w.stop.clone();
+        let sent = w.sent.clone();
+        let holds = w.holds.clone();
+        let handoffs = w.handoffs;
+        let seed = w.seed;
+        sim.client("driver", async move {
+            let person = Person {
+                trace: &trace,
+                sent: &sent,
+                holds: &holds,
+                stop: &stop,
+            };
+            driver(&db, seed, &names, handoffs, &person).await?;
+            Ok(())
+        });
+    }
+
+    sim
+}
+
+/// The agents' turn rates of a plan.
+fn turn_rates(plan: &FaultPlan) -> TurnRates {
+    TurnRates {
+        refusal: plan.refusal_rate,
+        errored: plan.errored_turn_rate,
+        interrupted: plan.interrupted_turn_rate,
+        slow: plan.slow_turn_rate,
+        person: plan.person_turn_rate,
+        failed_write: plan.failed_write_rate,
+        unknown_activity: plan.unknown_activity_rate,
+        racing_turn: plan.racing_turn_rate,
+    }
+}
+
+/// The plan's faults as start and end actions, in time order.
+fn fault_actions(plan: &FaultPlan) -> Vec<(Duration, bool, FaultKind)> {
+    let mut actions = Vec::new();
+    for f in plan.faults(FAULT_PHASE) {
+        actions.push((f.at, true, f.kind.clone()));
+        actions.push((f.at + f.for_, false, f.kind));
+    }
+    actions.sort_by_key(|a| a.0);
+    actions
+}
+
+/// What a run's report says.
+#[derive(Clone, Copy)]
+struct Report<'a> {
+    seed: u64,
+    plan: &'a FaultPlan,
+    /// The trace, when asked for.
+    trace: Option<&'a Trace>,
+    agents: &'a [Agent],
+    facts: &'a oracle::Run,
+    sent: usize,
+    virtual_time: Duration,
+    verdicts: &'a [oracle::Verdict],
+}
+
+/// The run's report, and whether every guarantee held.
+fn report(r: &Report<'_>) -> (String, bool) {
+    let Report {
+        seed,
+        plan,
+        trace,
+        agents,
+        facts,
+        sent,
+        virtual_time,
+        verdicts,
+    } = *r;
     let mut out = String::new();
     let _ = writeln!(out, "handoffs sim --seed {seed}");
     let _ = writeln!(out, "plan: {plan}");
@@ -455,12 +500,12 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
             .collect::<Vec<_>>()
             .join(", ")
     );
-    if trace_on {
+    if let Some(trace) = trace {
         let mut lines = trace
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
-        for a in &agents {
+        for a in agents {
             let a = a.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             for (at, text) in &a.trace {
                 lines.push((*at, a.id.clone(), text.clone()));
@@ -488,13 +533,13 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
     let _ = writeln!(
         out,
         "world: {} handoffs sent, {} deliveries, {} writes received, virtual time {}",
-        sent.len(),
+        sent,
         facts.deliveries.len(),
         facts.writes.len(),
         hms(virtual_time)
     );
     let ok = verdicts.iter().all(oracle::Verdict::ok);
-    for v in &verdicts {
+    for v in verdicts {
         out.push_str(&v.line());
     }
     if ok {
@@ -505,16 +550,92 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
             "verdict: FAILED; replay with: handoffs sim --seed {seed} --trace"
         );
     }
-    let verdicts = verdicts
-        .iter()
-        .map(|v| (v.key, v.exercised, v.ok()))
-        .collect();
-    Ok(Outcome {
-        seed,
-        text: out,
-        ok,
-        virtual_time,
-        verdicts,
+    (out, ok)
+}
+
+/// What stepping the world to its end found.
+struct Stepped {
+    sim_error: Option<String>,
+    healed_at: Option<Duration>,
+    released: BTreeSet<String>,
+    reregistered: BTreeSet<String>,
+}
+
+/// Steps the world: faults start and end as planned, every fault heals at the end of the
+/// fault phase, a person releases what stays uncertain, and the run ends once everything is
+/// settled (or the settle limit passes).
+fn step_until_settled(
+    sim: &mut sim::turmoil::Sim<'static>,
+    w: &World<'_>,
+    actions: &[(Duration, bool, FaultKind)],
+    checker: &rusqlite::Connection,
+) -> Result<Stepped, String> {
+    let mut next_action = 0;
+    let mut sim_error: Option<String> = None;
+    let mut driver_done = false;
+    let mut healed_at: Option<Duration> = None;
+    let mut last_check = Duration::ZERO;
+    let mut released: BTreeSet<String> = BTreeSet::new();
+    let mut faults_on: BTreeMap<String, u32> = BTreeMap::new();
+    let mut reregistered: BTreeSet<String> = BTreeSet::new();
+    loop {
+        let now = sim.elapsed();
+        while healed_at.is_none() && next_action < actions.len() && actions[next_action].0 <= now {
+            let (_, start, kind) = actions[next_action].clone();
+            next_action += 1;
+            // Faults of one kind on one target may overlap: the first to end must not end
+            // the others (a fault is on while any of its windows lasts).
+            let key = format!("{kind:?}");
+            let n = faults_on.entry(key).or_default();
+            let (was, now_on) = (*n, if start { *n + 1 } else { n.saturating_sub(1) });
+            *n = now_on;
+            if let (FaultKind::Reregistered(a), true) = (&kind, start) {
+                reregistered.insert(w.names[*a].clone());
+            }
+            if (was == 0) != (now_on == 0) {
+                apply(
+                    sim, w.db, w.names, w.agents, w.page, w.trace, now, start, &kind,
+                );
+            }
+        }
+        if healed_at.is_none() && now >= FAULT_PHASE {
+            heal(sim, w.db, w.names, w.agents, w.page, w.trace, now);
+            healed_at = Some(now);
+        }
+        if now >= last_check + Duration::from_secs(60) {
+            last_check = now;
+            if let Some(h) = healed_at {
+                let rows = delivery_rows(checker)?;
+                if now >= h + PERSON_RELEASES_AFTER {
+                    person_releases(w.db, &rows, &mut released, w.trace, now)?;
+                }
+                if now > h + SETTLE_LIMIT {
+                    break;
+                }
+                if rows.iter().all(oracle::settled) {
+                    // Settled: stop the driver (it may still return work, which is a new
+                    // delivery), and end once it is gone and everything is still settled.
+                    if driver_done {
+                        break;
+                    }
+                    w.stop.store(true, Ordering::SeqCst);
+                    last_check = now.saturating_sub(Duration::from_secs(59));
+                }
+            }
+        }
+        match sim.step() {
+            Ok(done) => driver_done = done,
+            Err(e) => {
+                sim_error = Some(format!("the simulation stopped at {}: {e}", hms(now)));
+                break;
+            }
+        }
+    }
+    Ok(Stepped {
+        sim_error,
+        healed_at,
+        released,
+        reregistered,
     })
 }
 
@@ -796,7 +917,7 @@ async fn driver(
         let due = (work && rng.random_bool(0.3)).then_some(20);
         let body = format!("handoff {i} from {} to {}", names[from], names[to]);
         let host = svc
-            .store
+            .store_mut()
             .read(|tx| tx.agent(&names[to]))?
             .map(|a| registered_host(&a.settings))
             .unwrap_or_default();
@@ -836,7 +957,7 @@ async fn driver(
         for name in names {
             for m in svc.inbox(name, false, 100)? {
                 let delivered = svc
-                    .store
+                    .store_mut()
                     .read(|tx| tx.delivery(&m.id))?
                     .is_some_and(|d| d.record.kind() == StateKind::Returned);
                 if m.work_id.is_none() && delivered && rng.random_bool(0.5) {
@@ -857,7 +978,7 @@ async fn driver(
             }
         }
         returned = kept;
-        let done = svc.store.read(|tx| {
+        let done = svc.store_mut().read(|tx| {
             let mut out = Vec::new();
             for w in tx.open_work(1_000)? {
                 if w.state.is_open()

@@ -46,13 +46,13 @@ fn usage_errors_exit_2() {
         &w,
         &["send", "a", "b", "hi", "--due-minutes", "5"],
         2,
-        "needs --title",
+        "--title",
     );
     assert_fails(
         &w,
         &["send", "a", "b", "hi", "--title", "t", "--due-minutes", "0"],
         2,
-        "1 to 43200",
+        "1..=43200",
     );
     assert_fails(
         &w,
@@ -715,4 +715,56 @@ fn a_damaged_delivery_record_is_named_and_never_acted_on() {
     assert!(tick.status.success());
     assert!(String::from_utf8_lossy(&tick.stdout).contains(&format!("{bad}: stored record")));
     assert_eq!(w.json(&["status", &good])["state"], "ACCEPTED");
+}
+
+/// What the engine does is visible as tracing events: RUST_LOG picks them, `--log-format
+/// json` makes each line one JSON object, with the delivery's span.
+#[test]
+fn the_engine_logs_each_delivery_step_as_json_when_asked() {
+    let w = common::World::new();
+    w.ok(&["agent", "add", "alice", "--provider", "demo"]);
+    w.ok(&["agent", "add", "bob", "--provider", "demo"]);
+    w.ok(&["send", "alice", "bob", "hello"]);
+    let out = w
+        .cmd()
+        .env("RUST_LOG", "info")
+        .env_remove("HANDOFFS_LOG")
+        .args(["--log-format", "json", "tick"])
+        .output()
+        .expect("tick");
+    assert!(out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<serde_json::Value> = stderr
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let moved: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|l| l["fields"]["message"] == "delivery moved")
+        .collect();
+    assert!(!moved.is_empty(), "no step logged: {stderr}");
+    for m in &moved {
+        assert_eq!(m["fields"]["recipient"], "bob", "{m}");
+        assert_eq!(m["span"]["name"], "delivery", "{m}");
+    }
+    assert!(
+        moved.iter().any(|m| m["fields"]["to"] == "SENDING"),
+        "the reservation is logged: {stderr}"
+    );
+    // Text by default, and nothing below a warning without RUST_LOG.
+    let quiet = w
+        .cmd()
+        .env_remove("RUST_LOG")
+        .env_remove("HANDOFFS_LOG")
+        .args(["send", "alice", "bob", "again"])
+        .output()
+        .expect("send");
+    assert!(quiet.status.success());
+    assert!(
+        quiet.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&quiet.stderr)
+    );
+    let bad = w.run(&["--log-format", "xml", "status"]);
+    assert_eq!(bad.status.code(), Some(2));
 }

@@ -702,3 +702,208 @@ fn answers_outlive_the_end_of_input() {
         }
     }
 }
+
+/// Every tool declares the shape of its structured result (`outputSchema`), and every result
+/// it gives, in a session that calls each tool once, matches that declaration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_result_matches_its_tools_output_schema() {
+    let (w, root) = world();
+    let lib = w.dir.path().join("memory");
+    std::fs::create_dir_all(&lib).expect("library");
+    let alice = connect(server(&w, "alice", &root, Some(&lib))).await;
+    let bob = connect(server(&w, "bob", &root, None)).await;
+    let mut schemas = std::collections::HashMap::new();
+    for t in alice.list_all_tools().await.expect("tools") {
+        let schema = t
+            .output_schema
+            .clone()
+            .unwrap_or_else(|| panic!("{} declares no outputSchema", t.name));
+        assert_eq!(schema.get("type"), Some(&json!("object")), "{}", t.name);
+        let validator = jsonschema::validator_for(&Value::Object((*schema).clone()))
+            .unwrap_or_else(|e| panic!("{}'s outputSchema is not a schema: {e}", t.name));
+        let required: Vec<String> = schema
+            .get("required")
+            .and_then(Value::as_array)
+            .map(|r| {
+                r.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default();
+        schemas.insert(t.name.to_string(), (validator, required));
+    }
+    let mut checked = std::collections::BTreeSet::new();
+    let mut check = |tool: &str, r: &CallToolResult| -> Value {
+        let v = ok(r);
+        let (validator, required) = schemas.get(tool).expect("a listed tool");
+        let problems: Vec<String> = validator.iter_errors(&v).map(|e| e.to_string()).collect();
+        assert!(
+            problems.is_empty(),
+            "{tool} returned {v:#} against its outputSchema: {problems:?}"
+        );
+        // The check bites: the same result without its first required property fails it.
+        if let Some(key) = required.first() {
+            let mut broken = v.clone();
+            broken.as_object_mut().expect("an object").remove(key);
+            assert!(
+                !validator.is_valid(&broken),
+                "{tool} without {key} still passes"
+            );
+        }
+        checked.insert(tool.to_owned());
+        v
+    };
+    let sent = check(
+        "send_handoff",
+        &call(
+            &alice,
+            "send_handoff",
+            json!({"to": "bob", "message": "do it", "title": "t"}),
+        )
+        .await,
+    );
+    let id = sent["id"].as_str().expect("id").to_owned();
+    check("inbox", &call(&bob, "inbox", json!({})).await);
+    check(
+        "read_message",
+        &call(&bob, "read_message", json!({"id": id})).await,
+    );
+    check(
+        "accept_work",
+        &call(&bob, "accept_work", json!({"id": id})).await,
+    );
+    check(
+        "return_work",
+        &call(&bob, "return_work", json!({"id": id, "summary": "done"})).await,
+    );
+    check(
+        "close_work",
+        &call(
+            &alice,
+            "close_work",
+            json!({"id": id, "outcome": "accepted"}),
+        )
+        .await,
+    );
+    check(
+        "handoff_status",
+        &call(&alice, "handoff_status", json!({"id": id})).await,
+    );
+    check(
+        "handoff_status",
+        &call(&alice, "handoff_status", json!({})).await,
+    );
+    check("list_agents", &call(&alice, "list_agents", json!({})).await);
+    check(
+        "wait_for_messages",
+        &call(&alice, "wait_for_messages", json!({"timeout_seconds": 1})).await,
+    );
+    let task = check(
+        "create_handoff",
+        &call(
+            &alice,
+            "create_handoff",
+            json!({"title": "brief", "goal": "g"}),
+        )
+        .await,
+    );
+    let task_id = task["task"]["id"].as_str().expect("task id").to_owned();
+    check(
+        "claim_handoff",
+        &call(&alice, "claim_handoff", json!({"task_id": task_id})).await,
+    );
+    check(
+        "renew_handoff",
+        &call(&alice, "renew_handoff", json!({"task_id": task_id})).await,
+    );
+    check(
+        "pass_handoff",
+        &call(
+            &alice,
+            "pass_handoff",
+            json!({"task_id": task_id, "summary": "s", "next_action": "n", "target_agent": "bob"}),
+        )
+        .await,
+    );
+    check(
+        "claim_handoff",
+        &call(&bob, "claim_handoff", json!({"task_id": task_id})).await,
+    );
+    check(
+        "complete_handoff",
+        &call(&bob, "complete_handoff", json!({"task_id": task_id})).await,
+    );
+    check(
+        "show_handoff",
+        &call(&alice, "show_handoff", json!({"task_id": task_id})).await,
+    );
+    check(
+        "list_handoffs",
+        &call(&alice, "list_handoffs", json!({})).await,
+    );
+    let rec = check(
+        "context_record",
+        &call(
+            &alice,
+            "context_record",
+            json!({"title": "Layout", "body": "tests live in tests/"}),
+        )
+        .await,
+    );
+    let rec_id = rec["record"]["id"].as_str().expect("record id").to_owned();
+    check(
+        "context_get",
+        &call(&alice, "context_get", json!({"id": rec_id})).await,
+    );
+    check(
+        "context_search",
+        &call(&alice, "context_search", json!({"query": "tests"})).await,
+    );
+    check(
+        "context_supersede",
+        &call(
+            &alice,
+            "context_supersede",
+            json!({"id": rec_id, "body": "tests live in tests/ and sim/"}),
+        )
+        .await,
+    );
+    check(
+        "context_brief",
+        &call(&alice, "context_brief", json!({})).await,
+    );
+    check(
+        "context_status",
+        &call(&alice, "context_status", json!({})).await,
+    );
+    let listed: std::collections::BTreeSet<String> = alice
+        .list_all_tools()
+        .await
+        .expect("tools")
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    assert_eq!(checked, listed, "every tool's result is checked");
+}
+
+/// A refusal names the tool's own fields, never the CLI's flags.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_name_the_tools_fields_not_cli_flags() {
+    let (w, root) = world();
+    let alice = connect(server(&w, "alice", &root, None)).await;
+    for (args, field) in [
+        (
+            json!({"to": "bob", "message": "m", "due_minutes": 5}),
+            "due_minutes",
+        ),
+        (
+            json!({"to": "bob", "message": "m", "title": "t", "due_minutes": 0}),
+            "due_minutes",
+        ),
+    ] {
+        let text = err_text(&call(&alice, "send_handoff", args.clone()).await);
+        assert!(text.contains(field), "{args}: {text}");
+        assert!(!text.contains("--"), "{args} names a CLI flag: {text}");
+    }
+}

@@ -131,3 +131,35 @@ fn the_demo_deletes_its_data_on_sigterm_too() {
         "SIGTERM ends it with 143, as a shell reports it"
     );
 }
+
+/// `handoffs run` stops on SIGTERM (what a service manager sends) as on Ctrl+C: it ends by
+/// itself with 143, its engine lock let go, rather than being killed by the signal.
+#[test]
+fn run_stops_on_sigterm_with_143() {
+    let w = common::World::new();
+    w.ok(&["agent", "add", "a", "--provider", "demo"]);
+    let mut child = w
+        .cmd()
+        .args(["run", "--interval", "0.2"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run");
+    // Running once its first pass is reported.
+    let started = Instant::now();
+    while w.json(&["status"])["engine_reported_at"].is_null() {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the engine never reported"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    signal(&child, nix::sys::signal::Signal::SIGTERM);
+    let code = exit_within(&mut child, Duration::from_secs(20));
+    assert_eq!(code, Some(143), "run ends by itself with 143 on SIGTERM");
+    let tick = w.json(&["tick"]);
+    assert!(
+        tick.get("skipped").is_none(),
+        "the engine lock was let go: {tick}"
+    );
+}

@@ -323,12 +323,20 @@ pub struct Listener {
     parent: i32,
     config: Option<PathBuf>,
     session: Option<String>,
+    store: Store,
     _lock: std::fs::File,
 }
 
 impl Listener {
-    /// Takes the listener's lock; the session is looked up (and registered) by `refresh`.
-    pub fn open(db: &Path, agent: &AgentRow) -> Result<Listener, String> {
+    /// Takes the listener's lock for `agent`; the session is looked up (and registered) by
+    /// `refresh`.
+    pub fn open(db: &Path, agent: &str) -> Result<Listener, String> {
+        let mut store = Store::open(db).map_err(|e| e.to_string())?;
+        let agent = store
+            .read(|tx| tx.agent(agent))
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("unknown agent {agent:?}"))?;
+        let agent = &agent;
         let pid = i64::from(std::process::id());
         command::ensure_private_dir(&command::runs_dir(db))?;
         let path = command::lock_path(db, &lock_name(pid));
@@ -349,13 +357,14 @@ impl Listener {
                     .map(Path::new),
             ),
             session: None,
+            store,
             _lock: lock,
         })
     }
 
     /// Registers (again) the session the parent Claude process has open now: the registry
     /// entry `sessions/<parent pid>.json` names it (and changes on `/resume` or `/clear`).
-    pub fn refresh(&mut self, store: &mut Store) {
+    pub fn refresh(&mut self) {
         let session = self.parent_entry().map(|(s, _)| s);
         if session.is_none() || session == self.session {
             return;
@@ -367,7 +376,7 @@ impl Listener {
             claude_pid: i64::from(self.parent),
             opened_at: millis(crate::clock::now()),
         };
-        if store.write(|tx| tx.open_channel(&row)).is_ok() {
+        if self.store.write(|tx| tx.open_channel(&row)).is_ok() {
             self.session = session;
         }
     }
@@ -389,20 +398,21 @@ impl Listener {
     /// The cards to push now, each taken (committed) before it is returned: only cards for
     /// the session the parent Claude has open, and only while it says it is idle (a card
     /// that cannot go now is left for the engine to take back).
-    pub fn take(&self, store: &mut Store) -> Vec<(String, Value)> {
+    pub fn take(&mut self) -> Vec<(String, Value)> {
         let Some((session, Some(status))) = self.parent_entry() else {
             return Vec::new();
         };
         if status != "idle" {
             return Vec::new();
         }
-        let Ok(waiting) = store.read(|tx| tx.waiting_pushes(self.pid)) else {
+        let Ok(waiting) = self.store.read(|tx| tx.waiting_pushes(self.pid)) else {
             return Vec::new();
         };
         let mut out = Vec::new();
         for p in waiting.into_iter().filter(|p| p.session == session) {
             let now = millis(crate::clock::now());
-            if store
+            if self
+                .store
                 .write(|tx| tx.take_push(&p.request_id, self.pid, now))
                 .unwrap_or(false)
             {
@@ -413,8 +423,16 @@ impl Listener {
         out
     }
 
-    pub fn close(&self, store: &mut Store) {
-        let _ = store.write(|tx| tx.close_channel(self.pid));
+    /// Closes this process's channel: pushes wait for the engine to take them back.
+    pub fn close(&mut self) {
+        let _ = self.store.write(|tx| tx.close_channel(self.pid));
+    }
+
+    /// Closes the channel of this process on `db` (its listener may be gone).
+    pub fn close_for_this_process(db: &Path) {
+        if let Ok(mut store) = Store::open(db) {
+            let _ = store.write(|tx| tx.close_channel(i64::from(std::process::id())));
+        }
     }
 }
 

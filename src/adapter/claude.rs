@@ -477,11 +477,7 @@ pub fn outcome(
 }
 
 fn preview(text: &str) -> String {
-    let one_line = text.replace('\n', " ");
-    match one_line.char_indices().nth(200) {
-        Some((i, _)) => format!("{}…", &one_line[..i]),
-        None => one_line,
-    }
+    crate::text::one_line(text, 200)
 }
 
 // ----- the transcript ------------------------------------------------------------------------
@@ -731,8 +727,7 @@ pub fn activity(service: &RefCell<dyn Host>, agent: &AgentRow) -> Activity {
             // The person's interactive session, with a handoffs channel open in it: written
             // to (through the channel) when it says it is idle.
             Some(h) if holders.len() == 1 && h.entrypoint == "cli" => {
-                if super::channel::live_channel(service.runs(), &db, agent, &holders).is_none()
-                {
+                if super::channel::live_channel(service.runs(), &db, agent, &holders).is_none() {
                     return Activity::Busy {
                         turn: None,
                         detail: Some(format!(

@@ -316,7 +316,11 @@ pub async fn activity(
     Activity::Idle
 }
 
-pub async fn start(adapters: &Adapters, service: &RefCell<dyn Host>, w: &Write<'_>) -> WriteOutcome {
+pub async fn start(
+    adapters: &Adapters,
+    service: &RefCell<dyn Host>,
+    w: &Write<'_>,
+) -> WriteOutcome {
     if let Some(argv) = argv(w.agent) {
         return start_argv(service, w, argv).await;
     }
@@ -392,65 +396,11 @@ pub(crate) async fn start_supervised(
     if let Err(e) = write_private(&text_file, w.text) {
         return WriteOutcome::Refused { detail: e };
     }
-    let timeout = w
-        .agent
-        .settings
-        .get("timeout")
-        .and_then(Value::as_u64)
-        .unwrap_or(RUN_TIMEOUT_SECS_DEFAULT);
-    // This very binary: on Linux through /proc/self/exe, which still runs after the file
-    // was replaced (an upgrade while the engine runs), where its path would name the new
-    // binary, or nothing in between.
-    let this = std::path::Path::new("/proc/self/exe");
-    let exe = match if this.exists() {
-        Ok(this.to_path_buf())
-    } else {
-        std::env::current_exe()
-    } {
-        Ok(p) => p,
-        Err(e) => {
-            return WriteOutcome::Refused {
-                detail: e.to_string(),
-            };
-        }
-    };
-    let mut cmd = std::process::Command::new(exe);
-    cmd.arg("--db")
-        .arg(w.db)
-        .arg("supervise")
-        .arg("--request-id")
-        .arg(w.request_id)
-        .arg("--message")
-        .arg(&w.message.id)
-        .arg("--agent")
-        .arg(&w.agent.id)
-        .arg("--timeout")
-        .arg(timeout.to_string())
-        .arg("--text-file")
-        .arg(&text_file)
-        .arg("--endpoint")
-        .arg(&w.agent.endpoint)
-        .arg("--cwd")
-        .arg(&w.agent.cwd)
-        .args(extra)
-        .arg("--")
-        .args(&argv)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null());
-    // What the supervisor itself says goes to `<request>.sup.log` (removed when empty).
     let sup_log = dir.join(format!("{}.sup.log", w.request_id));
-    match create_private(&sup_log) {
-        Ok(f) => cmd.stderr(f),
-        Err(_) => cmd.stderr(std::process::Stdio::null()),
+    let mut cmd = match supervisor_command(w, &argv, extra, &text_file, &sup_log) {
+        Ok(cmd) => cmd,
+        Err(detail) => return WriteOutcome::Refused { detail },
     };
-    #[cfg(unix)]
-    {
-        use std::os::unix::process::CommandExt;
-        cmd.process_group(0);
-        // Its command line names it `handoffs` (`ps -f`, `pgrep -f handoffs`), not
-        // /proc/self/exe; the kernel's short name (`ps -o comm`) stays `exe`.
-        cmd.arg0("handoffs");
-    }
     // A refused run never ran: its row goes, so the one allowed retry (same request id) runs.
     if let Err(e) = service
         .borrow_mut()
@@ -461,7 +411,7 @@ pub(crate) async fn start_supervised(
             detail: e.to_string(),
         };
     }
-    let mut child = match cmd.spawn() {
+    let child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
             let _ = std::fs::remove_file(&text_file);
@@ -471,6 +421,17 @@ pub(crate) async fn start_supervised(
             };
         }
     };
+    receipt(service, w, child, &sup_log).await
+}
+
+/// Waits for the supervisor of `w` to record that the command started (a receipt), was
+/// refused, or died first (reaping it in the background so it never lingers as a zombie).
+async fn receipt(
+    service: &RefCell<dyn Host>,
+    w: &Write<'_>,
+    mut child: std::process::Child,
+    sup_log: &Path,
+) -> WriteOutcome {
     // Reap the supervisor in the background so it never lingers as a zombie, and say when it
     // is gone: gone without a row means it never started the command.
     let (exited_tx, exited) = std::sync::mpsc::channel();
@@ -541,6 +502,69 @@ pub(crate) async fn start_supervised(
             .clamp(1, 20);
         tokio::time::sleep(Duration::from_millis(pause)).await;
     }
+}
+
+/// The supervisor's command line: this very binary, `supervise` with the write's facts, in
+/// its own process group, its stderr in `<request>.sup.log`.
+fn supervisor_command(
+    w: &Write<'_>,
+    argv: &[String],
+    extra: &[String],
+    text_file: &Path,
+    sup_log: &Path,
+) -> Result<std::process::Command, String> {
+    let timeout = w
+        .agent
+        .settings
+        .get("timeout")
+        .and_then(Value::as_u64)
+        .unwrap_or(RUN_TIMEOUT_SECS_DEFAULT);
+    // This very binary: on Linux through /proc/self/exe, which still runs after the file
+    // was replaced (an upgrade while the engine runs), where its path would name the new
+    // binary, or nothing in between.
+    let this = std::path::Path::new("/proc/self/exe");
+    let exe = if this.exists() {
+        this.to_path_buf()
+    } else {
+        std::env::current_exe().map_err(|e| e.to_string())?
+    };
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("--db")
+        .arg(w.db)
+        .arg("supervise")
+        .arg("--request-id")
+        .arg(w.request_id)
+        .arg("--message")
+        .arg(&w.message.id)
+        .arg("--agent")
+        .arg(&w.agent.id)
+        .arg("--timeout")
+        .arg(timeout.to_string())
+        .arg("--text-file")
+        .arg(text_file)
+        .arg("--endpoint")
+        .arg(&w.agent.endpoint)
+        .arg("--cwd")
+        .arg(&w.agent.cwd)
+        .args(extra)
+        .arg("--")
+        .args(argv)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null());
+    // What the supervisor itself says goes to `<request>.sup.log` (removed when empty).
+    match create_private(sup_log) {
+        Ok(f) => cmd.stderr(f),
+        Err(_) => cmd.stderr(std::process::Stdio::null()),
+    };
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::CommandExt;
+        cmd.process_group(0);
+        // Its command line names it `handoffs` (`ps -f`, `pgrep -f handoffs`), not
+        // /proc/self/exe; the kernel's short name (`ps -o comm`) stays `exe`.
+        cmd.arg0("handoffs");
+    }
+    Ok(cmd)
 }
 
 pub async fn observe(
@@ -640,8 +664,7 @@ pub async fn scan(
         let now = millis(service.now());
         return match service.runs().read(|tx| tx.run(request_id)) {
             Ok(Some(run)) if run.outcome.as_deref() != Some("refused") => {
-                let alive =
-                    run.outcome.is_none() && still_running(service.runs(), &db, &run, now);
+                let alive = run.outcome.is_none() && still_running(service.runs(), &db, &run, now);
                 let run = if alive {
                     run
                 } else {
@@ -767,6 +790,7 @@ pub async fn supervise(s: Supervise) -> i32 {
         let _ = std::fs::remove_file(&lock_file);
         return 0;
     }
+    let log = runs_dir(&s.db).join(format!("{}.log", s.request_id));
     // A Claude session is resumed by one process at a time: the session's lock for as long
     // as the turn runs, and no live process of the session beside it (two resumes fork the
     // transcript silently). Either refuses the write; nothing was written.
@@ -774,14 +798,8 @@ pub async fn supervise(s: Supervise) -> i32 {
         Some(c) => match super::claude::claim(&s.db, c) {
             Ok(lock) => Some(lock),
             Err(detail) => {
-                let _ = store.write(|tx| {
-                    tx.finish_run(&s.request_id, now(), None, "refused", Some(&detail))
-                });
-                cleanup(
-                    &s,
-                    &lock_file,
-                    &runs_dir(&s.db).join(format!("{}.log", s.request_id)),
-                );
+                refuse(&mut store, &s, &detail);
+                cleanup(&s, &lock_file, &log);
                 return 0;
             }
         },
@@ -794,37 +812,7 @@ pub async fn supervise(s: Supervise) -> i32 {
         && let Some(home) = super::codex::home(t.home.as_deref())
         && let Ok(Some(rpc)) = super::codex::daemon::serving(&home, &t.id).await
     {
-        let log = runs_dir(&s.db).join(format!("{}.log", s.request_id));
-        let _ = create_private(&log);
-        let Ok(text) = std::fs::read_to_string(&s.text_file) else {
-            let detail = format!("cannot read the card {}", s.text_file.display());
-            let _ = store
-                .write(|tx| tx.finish_run(&s.request_id, now(), None, "refused", Some(&detail)));
-            cleanup(&s, &lock_file, &log);
-            return 0;
-        };
-        // The receipt: the supervisor itself, which watches the turn in the daemon.
-        let me = i64::from(std::process::id());
-        let (outcome, detail) = super::codex::converse_daemon(
-            rpc,
-            t,
-            &text,
-            &s.request_id,
-            &log,
-            &mut || {
-                let _ = store.write(|tx| tx.set_run_pid(&s.request_id, me));
-            },
-            Duration::from_secs(s.timeout_secs),
-        )
-        .await;
-        record(
-            &mut store,
-            &s.request_id,
-            now(),
-            None,
-            &outcome,
-            detail.as_deref(),
-        );
+        through_daemon(&s, &mut store, rpc, t, &log).await;
         cleanup(&s, &lock_file, &log);
         drop(lock);
         return 0;
@@ -836,20 +824,91 @@ pub async fn supervise(s: Supervise) -> i32 {
             Ok(t) => t,
             Err(e) => {
                 let detail = format!("cannot read the card {}: {e}", s.text_file.display());
-                let _ = store.write(|tx| {
-                    tx.finish_run(&s.request_id, now(), None, "refused", Some(&detail))
-                });
-                cleanup(
-                    &s,
-                    &lock_file,
-                    &runs_dir(&s.db).join(format!("{}.log", s.request_id)),
-                );
+                refuse(&mut store, &s, &detail);
+                cleanup(&s, &lock_file, &log);
                 return 0;
             }
         }
     } else {
         String::new()
     };
+    let mut child = match command_for(&s, program, args, &log).spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            refuse(&mut store, &s, &format!("could not start {program}: {e}"));
+            cleanup(&s, &lock_file, &log);
+            return 0;
+        }
+    };
+    let (code, outcome, detail) = watch_turn(&s, &mut store, &mut child, &card, &argv, &log).await;
+    record(
+        &mut store,
+        &s.request_id,
+        now(),
+        code,
+        &outcome,
+        detail.as_deref(),
+    );
+    cleanup(&s, &lock_file, &log);
+    drop(lock);
+    0
+}
+
+/// Records that the write was refused: nothing was written.
+fn refuse(store: &mut Store, s: &Supervise, detail: &str) {
+    let now = millis(crate::clock::now());
+    let _ = store.write(|tx| tx.finish_run(&s.request_id, now, None, "refused", Some(detail)));
+}
+
+/// The write into a thread the Codex daemon serves, watched to its end.
+async fn through_daemon(
+    s: &Supervise,
+    store: &mut Store,
+    rpc: super::codex::Rpc,
+    t: &super::codex::Thread,
+    log: &Path,
+) {
+    let _ = create_private(log);
+    let Ok(text) = std::fs::read_to_string(&s.text_file) else {
+        refuse(
+            store,
+            s,
+            &format!("cannot read the card {}", s.text_file.display()),
+        );
+        return;
+    };
+    // The receipt: the supervisor itself, which watches the turn in the daemon.
+    let me = i64::from(std::process::id());
+    let (outcome, detail) = super::codex::converse_daemon(
+        rpc,
+        t,
+        &text,
+        &s.request_id,
+        log,
+        &mut || {
+            let _ = store.write(|tx| tx.set_run_pid(&s.request_id, me));
+        },
+        Duration::from_secs(s.timeout_secs),
+    )
+    .await;
+    record(
+        store,
+        &s.request_id,
+        millis(crate::clock::now()),
+        None,
+        &outcome,
+        detail.as_deref(),
+    );
+}
+
+/// The command of a supervised run: no shell, its own process group, the handoff's facts in
+/// its environment, its output in the run's log.
+fn command_for(
+    s: &Supervise,
+    program: &str,
+    args: &[String],
+    log: &Path,
+) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(args)
         .env("HANDOFFS_TEXT_FILE", &s.text_file)
@@ -871,29 +930,31 @@ pub async fn supervise(s: Supervise) -> i32 {
     if !s.cwd.is_empty() {
         cmd.current_dir(&s.cwd);
     }
-    let log = runs_dir(&s.db).join(format!("{}.log", s.request_id));
-    if let Ok(f) = create_private(&log)
+    if let Ok(f) = create_private(log)
         && let Ok(g) = f.try_clone()
     {
         if s.claude.is_none() && s.codex.is_none() {
             cmd.stdout(f);
             cmd.stderr(g);
-        } else if let Ok(a) = std::fs::OpenOptions::new().append(true).open(&log) {
+        } else if let Ok(a) = std::fs::OpenOptions::new().append(true).open(log) {
             // The supervisor appends the program's stdout lines itself: its stderr appends
             // too, so neither overwrites the other.
             cmd.stderr(a);
         }
     }
-    let mut child = match cmd.spawn() {
-        Ok(c) => c,
-        Err(e) => {
-            let detail = format!("could not start {program}: {e}");
-            let _ = store
-                .write(|tx| tx.finish_run(&s.request_id, now(), None, "refused", Some(&detail)));
-            cleanup(&s, &lock_file, &log);
-            return 0;
-        }
-    };
+    cmd
+}
+
+/// Waits for the turn of a started run: the program's exit (argv mode), or the conversation
+/// with Codex or Claude; the pid is recorded as the receipt when the write was taken.
+async fn watch_turn(
+    s: &Supervise,
+    store: &mut Store,
+    child: &mut tokio::process::Child,
+    card: &str,
+    argv: &[String],
+    log: &Path,
+) -> (Option<i64>, String, Option<String>) {
     let pid = child.id().and_then(|p| i32::try_from(p).ok());
     // The pid is the receipt the engine waits for: for a Codex write it is recorded once the
     // app-server took the message, for a Claude one once the turn began, so a thread held
@@ -907,21 +968,20 @@ pub async fn supervise(s: Supervise) -> i32 {
         record_pid();
     }
     let timeout = Duration::from_secs(s.timeout_secs);
-    let (code, outcome, detail): (Option<i64>, String, Option<String>) = match (&s.claude, &s.codex)
-    {
+    match (&s.claude, &s.codex) {
         (None, Some(t)) => {
             // The agent's timeout bounds a turn without progress; the app-server lives on
             // as long as its turn makes some.
-            let text = card.clone();
+            let text = card.to_owned();
             let (outcome, detail) = super::codex::converse(
-                &mut child,
+                child,
                 t,
                 &text,
                 &s.request_id,
-                &log,
+                log,
                 &mut record_pid,
                 &super::codex::Fresh {
-                    argv: &argv,
+                    argv,
                     cwd: &s.cwd,
                     no_progress: timeout,
                 },
@@ -930,9 +990,8 @@ pub async fn supervise(s: Supervise) -> i32 {
             (None, outcome, detail)
         }
         (Some(c), _) => {
-            let text = card.clone();
-            let talk =
-                super::claude::converse(&mut child, &text, &s.request_id, &log, &mut record_pid);
+            let text = card.to_owned();
+            let talk = super::claude::converse(child, &text, &s.request_id, log, &mut record_pid);
             if let Ok(turn) = tokio::time::timeout(timeout, talk).await {
                 super::claude::outcome(c, &s.cwd, &s.request_id, &turn)
             } else {
@@ -978,18 +1037,7 @@ pub async fn supervise(s: Supervise) -> i32 {
                 )
             }
         },
-    };
-    record(
-        &mut store,
-        &s.request_id,
-        now(),
-        code,
-        &outcome,
-        detail.as_deref(),
-    );
-    cleanup(&s, &lock_file, &log);
-    drop(lock);
-    0
+    }
 }
 
 /// Records how a supervised run ended; a Codex run nobody can tell about yet is only marked

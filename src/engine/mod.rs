@@ -142,7 +142,7 @@ pub enum EngineError {
 impl Engine {
     /// Takes the engine lock of the database; `Err(Busy)` when another engine holds it.
     pub fn new(service: Service, one_shot: bool) -> Result<Engine, EngineError> {
-        let path = sibling(service.store.path(), ".engine");
+        let path = sibling(service.db_path(), ".engine");
         let service = Rc::new(RefCell::new(service));
         let mut options = File::options();
         options.create(true).truncate(false).write(true);
@@ -269,7 +269,7 @@ impl Engine {
         if let Err(e) = self
             .service
             .borrow_mut()
-            .store
+            .store_mut()
             .write(|tx| tx.save_report(at, &value))
         {
             report.errors.push(e.to_string());
@@ -281,7 +281,7 @@ impl Engine {
     /// a reminder fell due, or a minute passed; and at most once a second.
     fn housekeeping_if_due(&mut self, report: &mut PassReport) {
         let now = self.now();
-        let seen = self.service.borrow().store.data_version().unwrap_or(0);
+        let seen = self.service.borrow_mut().data_version().unwrap_or(0);
         let due = match self.last_housekeeping {
             None => true,
             Some(t) if now.since(t) < HOUSEKEEPING_INTERVAL_MS => false,
@@ -306,7 +306,7 @@ impl Engine {
         self.next_reminder = self
             .service
             .borrow_mut()
-            .store
+            .store_mut()
             .read(|tx: &Tx<'_>| tx.next_reminder_at())
             .ok()
             .flatten()
@@ -329,7 +329,7 @@ impl Engine {
         let due = self
             .service
             .borrow_mut()
-            .store
+            .store_mut()
             .read(|tx| tx.due(now, QUEUED_PER_RECIPIENT, PASS_DELIVERIES_MAX));
         let due = match due {
             Ok(due) => due,
@@ -373,7 +373,7 @@ impl Engine {
     fn housekeeping(&mut self) -> Result<(usize, usize), ServiceError> {
         let now = self.now();
         let policy = self.ctx.policy.clone();
-        self.service.borrow_mut().store.write(|tx| {
+        self.service.borrow_mut().store_mut().write(|tx| {
             let after = service::enabled_after(tx)?;
             let mut enrolled = 0;
             for m in tx.unenrolled(after, 1_000)? {
@@ -516,7 +516,7 @@ async fn serve(
             // Rest it, so a row that cannot be stepped is not taken again at once.
             let mut s = svc.borrow_mut();
             let later = millis(s.now().plus_ms(FAILED_STEP_BACKOFF_MS));
-            if let Err(e) = s.store.write(|tx| tx.set_due(&id, Some(later))) {
+            if let Err(e) = s.store_mut().write(|tx| tx.set_due(&id, Some(later))) {
                 report.errors.push(format!("{id}: {e}"));
             }
         }
@@ -525,7 +525,7 @@ async fn serve(
             let more = {
                 let mut s = svc.borrow_mut();
                 let now = millis(s.now());
-                s.store
+                s.store_mut()
                     .read(|tx| tx.due_for(&recipient, now, QUEUED_PER_RECIPIENT))
             };
             match more {
@@ -594,7 +594,7 @@ fn apply(
 fn rest(ctx: &Ctx, svc: &RefCell<Service>, id: &str) -> Result<(), ServiceError> {
     let mut svc = svc.borrow_mut();
     let now = svc.now();
-    svc.store.write(|tx| {
+    svc.store_mut().write(|tx| {
         let Some(row) = tx.delivery(id)? else {
             return Ok(());
         };
@@ -607,6 +607,7 @@ fn rest(ctx: &Ctx, svc: &RefCell<Service>, id: &str) -> Result<(), ServiceError>
 }
 
 /// Takes one delivery through as much of SPEC §2.2–2.4 as it can now.
+#[tracing::instrument(name = "delivery", level = "info", skip_all, fields(id = %id))]
 async fn deliver(
     ctx: &Ctx,
     svc: &RefCell<Service>,
@@ -615,7 +616,7 @@ async fn deliver(
 ) -> Result<(), ServiceError> {
     let config = svc
         .borrow_mut()
-        .store
+        .store_mut()
         .read(|tx| tx.config("outageGuard"))?
         .unwrap_or(Value::Null);
     let outage = ctx.guard.check(&ctx.adapters.http, &config).await;
@@ -650,6 +651,7 @@ async fn deliver(
         } else {
             agent.at_target(record.core().target())
         };
+        tracing::debug!(effect = ?effect, recipient = %agent.id, "effect");
         let next = match effect {
             Effect::CheckActivity => {
                 let activity = adapters.activity(svc, &agent).await;
@@ -737,7 +739,7 @@ async fn planted_reserve_after_write(
     let recipient = current.core().target().agent.as_str().to_owned();
     let earlier_active = svc
         .borrow_mut()
-        .store
+        .store_mut()
         .read(|tx| tx.active_for(&recipient, id))?
         .map(model::MessageId::new);
     let reservation = EventKind::Reservation {
@@ -754,7 +756,7 @@ async fn planted_reserve_after_write(
     let activity = ctx.adapters.activity(svc, agent).await;
     let facts = svc
         .borrow_mut()
-        .store
+        .store_mut()
         .read(|tx| facts(tx, id, ctx.one_shot))?;
     let boundary = EventKind::SendBoundary {
         permission: facts.permission,
@@ -796,7 +798,7 @@ async fn write_now(
     request_id: &str,
     report: &mut PassReport,
 ) -> Result<model::WriteOutcome, ServiceError> {
-    let (message, work) = svc.borrow_mut().store.read(|tx| {
+    let (message, work) = svc.borrow_mut().store_mut().read(|tx| {
         let m = tx.message(id)?;
         let w = match m.as_ref().and_then(|m| m.work_id.clone()) {
             Some(w) => tx.work(&w)?,
@@ -806,7 +808,7 @@ async fn write_now(
     })?;
     let message = message.ok_or_else(|| ServiceError::NotFound(format!("message {id} is gone")))?;
     let text = card::card(&message, work.as_ref());
-    let db = svc.borrow().store.path().to_owned();
+    let db = svc.borrow().db_path().to_owned();
     let write = Write {
         db: &db,
         agent,
@@ -821,7 +823,7 @@ async fn write_now(
 /// Waits until another connection commits, or `deadline`.
 async fn watch(svc: &RefCell<Service>, seen: i64, deadline: tokio::time::Instant, every: Duration) {
     loop {
-        let version = svc.borrow().store.data_version();
+        let version = svc.borrow_mut().data_version();
         if version.unwrap_or(seen) != seen {
             return;
         }
@@ -850,7 +852,7 @@ impl Engine {
         let mut report = self.new_report();
         let mut window = Instant::now();
         loop {
-            let path = self.service.borrow().store.path().to_owned();
+            let path = self.service.borrow().db_path().to_owned();
             if !path.exists() {
                 return Err(format!(
                     "the database {} is gone; the engine stops",
@@ -858,7 +860,7 @@ impl Engine {
                 ));
             }
             // Read before looking: a commit by another connection meanwhile is noticed.
-            let seen = self.service.borrow().store.data_version().unwrap_or(0);
+            let seen = self.service.borrow_mut().data_version().unwrap_or(0);
             let looked = Instant::now();
             self.housekeeping_if_due(&mut report);
             self.dispatch(&mut jobs, &mut busy, &mut report, true, JOBS_MAX);
@@ -881,7 +883,7 @@ impl Engine {
             let next_due = self
                 .service
                 .borrow_mut()
-                .store
+                .store_mut()
                 .read(|tx| tx.next_due(QUEUED_PER_RECIPIENT))
                 .ok()
                 .flatten();

@@ -4,7 +4,7 @@
 use crate::adapter::command::Supervise;
 use crate::engine::{Engine, EngineError};
 use crate::service::{Outcome, Service, ServiceError};
-use crate::store::{Store, StoreError, token_path};
+use crate::service::{StoreError, token_path};
 use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -24,8 +24,19 @@ pub struct Cli {
     /// Print one JSON document instead of text.
     #[arg(long, global = true)]
     pub json: bool,
+    /// How log lines on stderr look: text for people, json (one object per line) for a log
+    /// collector; which ones appear is set by RUST_LOG (or HANDOFFS_LOG), warn by default.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// How log lines look (`--log-format`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -67,8 +78,8 @@ pub enum Command {
         /// Read messages too.
         #[arg(long)]
         all: bool,
-        /// At most this many, newest first.
-        #[arg(long, default_value_t = 50)]
+        /// At most this many, newest first (1 to 10000).
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(i64).range(1..=10_000))]
         limit: i64,
     },
     /// Show a message in full; marks it read when you are its recipient.
@@ -378,8 +389,9 @@ pub struct SendArgs {
     /// Make it work with this title: the recipient accepts and returns it.
     #[arg(long)]
     pub title: Option<String>,
-    /// Work only: remind the sender if it is not returned within this many minutes.
-    #[arg(long)]
+    /// Work only: remind the sender if it is not returned within this many minutes (1 to
+    /// 43200).
+    #[arg(long, requires = "title", value_parser = clap::value_parser!(i64).range(1..=43_200))]
     pub due_minutes: Option<i64>,
     /// Idempotency key: a repeated send with the same key returns the first message.
     #[arg(long)]
@@ -484,7 +496,7 @@ pub fn db_path(cli: &Cli) -> PathBuf {
 }
 
 fn open(cli: &Cli) -> Result<Service, Failure> {
-    Ok(Service::new(Store::open(&db_path(cli))?))
+    Ok(Service::open(&db_path(cli))?)
 }
 
 /// Prints `value` as JSON, or `text` for people.
@@ -513,27 +525,9 @@ fn out(line: &str) {
     }
 }
 
-fn millis_now() -> i64 {
-    crate::store::millis(crate::clock::now())
-}
+use crate::text::when;
 
-fn when(ms: i64) -> String {
-    let t = std::time::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
-    humantime::format_rfc3339_seconds(t).to_string()
-}
-
-fn short(id: &str) -> &str {
-    &id[..id.len().min(8)]
-}
-
-fn one_line(s: &str, chars: usize) -> String {
-    let flat: String = s.split_whitespace().collect::<Vec<_>>().join(" ");
-    if flat.chars().count() > chars {
-        format!("{}…", flat.chars().take(chars).collect::<String>())
-    } else {
-        flat
-    }
-}
+use crate::text::{one_line, short};
 
 /// The engine's policy: the default, or `HANDOFFS_POLICY` (JSON, any subset of the bounds),
 /// which may shorten SPEC §2's timings but never raise its limits (`check_against_spec`).
@@ -655,42 +649,18 @@ fn sim_cmd(cli: &Cli, seed: Option<u64>, seeds: Option<&str>, trace: bool) -> Re
 }
 
 fn task(cli: &Cli, cmd: &TaskCmd) -> Result<(), Failure> {
-    use crate::service::ledger::{Ledger, Task, find_root};
+    use crate::service::ledger::{Ledger, find_root};
     let cwd = std::env::current_dir().map_err(|e| usage(format!("no current folder: {e}")))?;
     let mut l = Ledger::open_root(&find_root(&cwd)?)?;
     // With a delivery database at hand, agents named here must be registered there.
-    let registered: Option<Vec<String>> = open(cli)
-        .ok()
-        .and_then(|mut s| s.agents().ok())
-        .map(|a| a.into_iter().map(|a| a.id).collect());
-    let known = |id: &str| -> Result<(), Failure> {
-        match &registered {
-            Some(ids) if !ids.iter().any(|a| a == id) => {
-                Err(Failure::from(ServiceError::NotFound(format!(
-                    "unknown agent {id:?}; register it with `handoffs agent add {id} --provider …`"
-                ))))
-            }
-            _ => Ok(()),
+    let mut svc = open(cli).ok();
+    let mut known = |id: &str| -> Result<(), Failure> {
+        match svc.as_mut() {
+            Some(s) => Ok(s.check_registered(id)?),
+            None => Ok(()),
         }
     };
-    let line = |t: &Task| {
-        format!(
-            "{}  {:<11} {}  (budget {}/{}{}{})",
-            short(&t.id),
-            t.state,
-            one_line(&t.title, 60),
-            t.handoffs_used,
-            t.handoff_cap,
-            t.owner
-                .as_deref()
-                .map(|o| format!(", owner {o}"))
-                .unwrap_or_default(),
-            t.target_agent
-                .as_deref()
-                .map(|o| format!(", for {o}"))
-                .unwrap_or_default(),
-        )
-    };
+    let line = task_line;
     match cmd {
         TaskCmd::Create {
             actor,
@@ -759,12 +729,7 @@ fn task(cli: &Cli, cmd: &TaskCmd) -> Result<(), Failure> {
                 changed_files: files,
                 target,
             };
-            let p = crate::service::tasks::pass_task(
-                open(cli).ok().as_mut(),
-                &mut l,
-                &actor.as_agent,
-                &pass,
-            )?;
+            let p = crate::service::tasks::pass_task(svc.as_mut(), &mut l, &actor.as_agent, &pass)?;
             emit(cli, &p, || {
                 let told = p
                     .notice
@@ -793,39 +758,7 @@ fn task(cli: &Cli, cmd: &TaskCmd) -> Result<(), Failure> {
         }
         TaskCmd::Show { id } => {
             let d = l.show(id)?;
-            emit(cli, &d, || {
-                let t = &d.task;
-                let mut out = format!("{}\ngoal: {}\n", line(t), t.goal);
-                if let Some(c) = &t.constraints {
-                    out.push_str(&format!("constraints: {c}\n"));
-                }
-                if let Some(s) = &t.summary {
-                    out.push_str(&format!("summary: {s}\n"));
-                }
-                if let Some(n) = &t.next_action {
-                    out.push_str(&format!("next: {n}\n"));
-                }
-                if !t.changed_files.is_empty() {
-                    out.push_str(&format!("changed: {}\n", t.changed_files.join(", ")));
-                }
-                if let Some(lease) = &d.lease {
-                    out.push_str(&format!(
-                        "lease: {} until {}\n",
-                        lease.holder,
-                        when(lease.expires_at)
-                    ));
-                }
-                for e in &d.events {
-                    out.push_str(&format!(
-                        "{}  {:<13} {}  {}\n",
-                        when(e.at),
-                        e.kind,
-                        e.actor,
-                        e.detail
-                    ));
-                }
-                out
-            });
+            emit(cli, &d, || task_detail_text(&d));
         }
         TaskCmd::List { state, limit } => {
             let ts = l.list(state.as_deref(), *limit)?;
@@ -863,7 +796,7 @@ pub fn run(cli: &Cli) -> Result<(), Failure> {
     match &cli.command {
         Command::Init => {
             let path = db_path(cli);
-            let (_, created) = Store::init(&path)?;
+            let (_, created) = Service::init(&path)?;
             let token = token_path(&path);
             emit(
                 cli,
@@ -891,110 +824,10 @@ pub fn run(cli: &Cli) -> Result<(), Failure> {
             );
             Ok(())
         }
-        Command::Config { key, value } => {
-            let mut s = open(cli)?;
-            match (key, value) {
-                (None, _) => {
-                    let all = s.config()?;
-                    let map: serde_json::Map<String, Value> = all.iter().cloned().collect();
-                    emit(cli, &map, || {
-                        let mut out = String::new();
-                        for (k, v) in &all {
-                            out.push_str(&format!("{k} = {v}\n"));
-                        }
-                        out
-                    });
-                }
-                (Some(k), None) => {
-                    let v = s.config_get(k)?;
-                    emit(cli, &json!({ k.as_str(): v }), || v.to_string());
-                }
-                (Some(k), Some(v)) => {
-                    let v = s.config_set(k, v)?;
-                    emit(cli, &json!({ k.as_str(): v }), || format!("{k} = {v}"));
-                }
-            }
-            Ok(())
-        }
-        Command::Send(a) => {
-            let body = if a.message == "-" {
-                let mut buf = String::new();
-                std::io::stdin()
-                    .take(4 * 1024 * 1024)
-                    .read_to_string(&mut buf)
-                    .map_err(|e| usage(format!("cannot read the message from stdin: {e}")))?;
-                buf
-            } else {
-                a.message.clone()
-            };
-            let mut s = open(cli)?;
-            let sent = s.send(
-                &a.from,
-                &a.to,
-                &body,
-                a.title.as_deref(),
-                a.due_minutes,
-                a.key.as_deref(),
-            )?;
-            emit(cli, &sent, || {
-                let state = sent
-                    .delivery_state
-                    .map_or_else(|| "not enrolled".to_owned(), |k| k.to_string());
-                if sent.created {
-                    format!("{} {} → {} ({state})", sent.message.id, a.from, a.to)
-                } else {
-                    format!("{} already sent with this key ({state})", sent.message.id)
-                }
-            });
-            Ok(())
-        }
-        Command::Inbox { agent, all, limit } => {
-            let mut s = open(cli)?;
-            let msgs = s.inbox(agent, *all, *limit)?;
-            emit(cli, &msgs, || {
-                if msgs.is_empty() {
-                    return format!(
-                        "no {}messages for {agent}",
-                        if *all { "" } else { "unread " }
-                    );
-                }
-                msgs.iter()
-                    .map(|m| {
-                        let mark = if m.read_at.is_some() { " " } else { "*" };
-                        let what = m.title.clone().unwrap_or_else(|| one_line(&m.body, 60));
-                        format!(
-                            "{mark} {}  {}  from {}  {}",
-                            short(&m.id),
-                            when(m.created_at),
-                            m.sender,
-                            what
-                        )
-                    })
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            });
-            Ok(())
-        }
-        Command::Read { id, actor } => {
-            let mut s = open(cli)?;
-            let m = s.read(id, &actor.as_agent)?;
-            emit(cli, &m, || {
-                let mut out = format!(
-                    "id: {}\nfrom: {}\nto: {}\nsent: {}\n",
-                    m.id,
-                    m.sender,
-                    m.recipient,
-                    when(m.created_at)
-                );
-                if let Some(t) = &m.title {
-                    out.push_str(&format!("title: {t}\n"));
-                }
-                out.push('\n');
-                out.push_str(&m.body);
-                out
-            });
-            Ok(())
-        }
+        Command::Config { key, value } => config_cmd(cli, key.as_deref(), value.as_deref()),
+        Command::Send(a) => send_cmd(cli, a),
+        Command::Inbox { agent, all, limit } => inbox_cmd(cli, agent, *all, *limit),
+        Command::Read { id, actor } => read_cmd(cli, id, &actor.as_agent),
         Command::Accept { id, actor } => {
             let mut s = open(cli)?;
             let w = s.accept(id, &actor.as_agent)?;
@@ -1036,33 +869,7 @@ pub fn run(cli: &Cli) -> Result<(), Failure> {
             Ok(())
         }
         Command::Status { id } => status(cli, id.as_deref()),
-        Command::Doctor => {
-            let mut s = open(cli)?;
-            let findings = s.doctor()?;
-            emit(cli, &findings, || {
-                findings
-                    .iter()
-                    .map(|f| {
-                        let mark = if f.ok { "ok     " } else { "PROBLEM" };
-                        if f.agent.is_empty() {
-                            format!("{mark} {}\n", f.text)
-                        } else {
-                            format!("{mark} {}: {}\n", f.agent, f.text)
-                        }
-                    })
-                    .collect()
-            });
-            match findings.iter().filter(|f| !f.ok).count() {
-                0 => Ok(()),
-                n => Err(Failure {
-                    code: 1,
-                    message: format!(
-                        "doctor: {n} {} found",
-                        if n == 1 { "problem" } else { "problems" }
-                    ),
-                }),
-            }
-        }
+        Command::Doctor => doctor_cmd(cli),
         Command::Release { id, note } => {
             let mut s = open(cli)?;
             let v = s.release(id, note.as_deref())?;
@@ -1127,44 +934,7 @@ pub fn run(cli: &Cli) -> Result<(), Failure> {
             })
         }
         Command::Sim { seed, seeds, trace } => sim_cmd(cli, *seed, seeds.as_deref(), *trace),
-        Command::Supervise(a) => {
-            let sup = Supervise {
-                db: db_path(cli),
-                request_id: a.request_id.clone(),
-                message: a.message.clone(),
-                agent: a.agent.clone(),
-                timeout_secs: a.timeout,
-                text_file: a.text_file.clone(),
-                endpoint: a.endpoint.clone(),
-                cwd: a.cwd.clone(),
-                argv: a.argv.clone(),
-                codex: a
-                    .codex_thread
-                    .as_ref()
-                    .map(|id| crate::adapter::codex::Thread {
-                        id: id.clone(),
-                        home: a.codex_home.clone(),
-                        accept_approvals: a.codex_accept_approvals,
-                    }),
-                claude: a
-                    .claude_session
-                    .as_ref()
-                    .map(|id| crate::adapter::claude::Session {
-                        id: id.clone(),
-                        config_dir: a.claude_config_dir.clone(),
-                    }),
-            };
-            let rt = runtime()?;
-            let code = rt.block_on(crate::adapter::command::supervise(sup));
-            if code == 0 {
-                Ok(())
-            } else {
-                Err(Failure {
-                    code: u8::try_from(code).unwrap_or(1),
-                    message: "supervise failed".to_owned(),
-                })
-            }
-        }
+        Command::Supervise(a) => supervise_cmd(cli, a),
     }
 }
 
@@ -1323,26 +1093,19 @@ fn status(cli: &Cli, id: Option<&str>) -> Result<(), Failure> {
             }
         }
         section(&mut out, "recent", &o.recent);
-        match o.engine_reported_at {
-            Some(at)
-                if crate::service::engine_alive(
-                    Some(at).zip(o.engine.as_ref()),
-                    millis_now(),
-                ) =>
-            {
-                out.push_str(&format!("engine: last pass {}\n", when(at)));
+        match o.engine_health {
+            crate::service::EngineHealth::Running { reported_at } => {
+                out.push_str(&format!("engine: last pass {}\n", when(reported_at)));
             }
-            Some(at) if millis_now() - at <= crate::service::ENGINE_QUIET_MS => {
-                out.push_str(&format!(
-                    "engine: last pass {} was a one-shot `tick`; nothing is delivered until `handoffs run` or `serve` runs\n",
-                    when(at)
-                ));
-            }
-            Some(at) => out.push_str(&format!(
-                "engine: not running (last pass {}); nothing is delivered until `handoffs run` or `serve` runs\n",
-                when(at)
+            crate::service::EngineHealth::OneShot { reported_at } => out.push_str(&format!(
+                "engine: last pass {} was a one-shot `tick`; nothing is delivered until `handoffs run` or `serve` runs\n",
+                when(reported_at)
             )),
-            None => out.push_str(
+            crate::service::EngineHealth::Quiet { reported_at } => out.push_str(&format!(
+                "engine: not running (last pass {}); nothing is delivered until `handoffs run` or `serve` runs\n",
+                when(reported_at)
+            )),
+            crate::service::EngineHealth::Never => out.push_str(
                 "engine: no pass yet; start one with `handoffs run` or `handoffs tick`\n",
             ),
         }
@@ -1403,25 +1166,256 @@ fn engine_cmd(cli: &Cli, interval: Option<Duration>) -> Result<(), Failure> {
             Ok(())
         }
         Some(interval) => {
-            let interrupted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-            let flag = interrupted.clone();
+            // Ctrl+C, SIGTERM (a service manager) and SIGHUP stop it alike: no new job,
+            // running ones get their grace; the exit code says which signal it was.
+            let stopped_by = std::sync::Arc::new(std::sync::atomic::AtomicU8::new(0));
+            let code = stopped_by.clone();
             tracing::info!(pid = std::process::id(), "engine started");
             rt.block_on(engine.run(interval, async move {
-                if tokio::signal::ctrl_c().await.is_ok() {
-                    flag.store(true, std::sync::atomic::Ordering::SeqCst);
-                }
+                let signal = crate::front::live::stop_signal().await;
+                code.store(signal, std::sync::atomic::Ordering::SeqCst);
             }))
             .map_err(|message| Failure { code: 1, message })?;
-            if interrupted.load(std::sync::atomic::Ordering::SeqCst) {
-                Err(Failure {
-                    code: 130,
+            match stopped_by.load(std::sync::atomic::Ordering::SeqCst) {
+                0 => Ok(()),
+                code => Err(Failure {
+                    code,
                     message: "stopped".to_owned(),
-                })
-            } else {
-                Ok(())
+                }),
             }
         }
     }
+}
+
+fn config_cmd(cli: &Cli, key: Option<&str>, value: Option<&str>) -> Result<(), Failure> {
+    let mut s = open(cli)?;
+    match (key, value) {
+        (None, _) => {
+            let all = s.config()?;
+            let map: serde_json::Map<String, Value> = all.iter().cloned().collect();
+            emit(cli, &map, || {
+                let mut out = String::new();
+                for (k, v) in &all {
+                    out.push_str(&format!("{k} = {v}\n"));
+                }
+                out
+            });
+        }
+        (Some(k), None) => {
+            let v = s.config_get(k)?;
+            emit(cli, &json!({ k.to_owned(): v }), || v.to_string());
+        }
+        (Some(k), Some(v)) => {
+            let v = s.config_set(k, v)?;
+            emit(cli, &json!({ k.to_owned(): v }), || format!("{k} = {v}"));
+        }
+    }
+    Ok(())
+}
+
+fn send_cmd(cli: &Cli, a: &SendArgs) -> Result<(), Failure> {
+    let body = if a.message == "-" {
+        let mut buf = String::new();
+        std::io::stdin()
+            .take(4 * 1024 * 1024)
+            .read_to_string(&mut buf)
+            .map_err(|e| usage(format!("cannot read the message from stdin: {e}")))?;
+        buf
+    } else {
+        a.message.clone()
+    };
+    let mut s = open(cli)?;
+    let sent = s.send(
+        &a.from,
+        &a.to,
+        &body,
+        a.title.as_deref(),
+        a.due_minutes,
+        a.key.as_deref(),
+    )?;
+    emit(cli, &sent, || {
+        let state = sent
+            .delivery_state
+            .map_or_else(|| "not enrolled".to_owned(), |k| k.to_string());
+        if sent.created {
+            format!("{} {} → {} ({state})", sent.message.id, a.from, a.to)
+        } else {
+            format!("{} already sent with this key ({state})", sent.message.id)
+        }
+    });
+    Ok(())
+}
+
+fn inbox_cmd(cli: &Cli, agent: &str, all: bool, limit: i64) -> Result<(), Failure> {
+    let mut s = open(cli)?;
+    let msgs = s.inbox(agent, all, limit)?;
+    emit(cli, &msgs, || {
+        if msgs.is_empty() {
+            return format!(
+                "no {}messages for {agent}",
+                if all { "" } else { "unread " }
+            );
+        }
+        msgs.iter()
+            .map(|m| {
+                let mark = if m.read_at.is_some() { " " } else { "*" };
+                let what = m.title.clone().unwrap_or_else(|| one_line(&m.body, 60));
+                format!(
+                    "{mark} {}  {}  from {}  {}",
+                    short(&m.id),
+                    when(m.created_at),
+                    m.sender,
+                    what
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    });
+    Ok(())
+}
+
+fn read_cmd(cli: &Cli, id: &str, reader: &str) -> Result<(), Failure> {
+    let mut s = open(cli)?;
+    let m = s.read(id, reader)?;
+    emit(cli, &m, || {
+        let mut out = format!(
+            "id: {}\nfrom: {}\nto: {}\nsent: {}\n",
+            m.id,
+            m.sender,
+            m.recipient,
+            when(m.created_at)
+        );
+        if let Some(t) = &m.title {
+            out.push_str(&format!("title: {t}\n"));
+        }
+        out.push('\n');
+        out.push_str(&m.body);
+        out
+    });
+    Ok(())
+}
+
+fn doctor_cmd(cli: &Cli) -> Result<(), Failure> {
+    let mut s = open(cli)?;
+    let findings = s.doctor()?;
+    emit(cli, &findings, || {
+        findings
+            .iter()
+            .map(|f| {
+                let mark = if f.ok { "ok     " } else { "PROBLEM" };
+                if f.agent.is_empty() {
+                    format!("{mark} {}\n", f.text)
+                } else {
+                    format!("{mark} {}: {}\n", f.agent, f.text)
+                }
+            })
+            .collect()
+    });
+    match findings.iter().filter(|f| !f.ok).count() {
+        0 => Ok(()),
+        n => Err(Failure {
+            code: 1,
+            message: format!(
+                "doctor: {n} {} found",
+                if n == 1 { "problem" } else { "problems" }
+            ),
+        }),
+    }
+}
+
+fn supervise_cmd(cli: &Cli, a: &SuperviseArgs) -> Result<(), Failure> {
+    let sup = Supervise {
+        db: db_path(cli),
+        request_id: a.request_id.clone(),
+        message: a.message.clone(),
+        agent: a.agent.clone(),
+        timeout_secs: a.timeout,
+        text_file: a.text_file.clone(),
+        endpoint: a.endpoint.clone(),
+        cwd: a.cwd.clone(),
+        argv: a.argv.clone(),
+        codex: a
+            .codex_thread
+            .as_ref()
+            .map(|id| crate::adapter::codex::Thread {
+                id: id.clone(),
+                home: a.codex_home.clone(),
+                accept_approvals: a.codex_accept_approvals,
+            }),
+        claude: a
+            .claude_session
+            .as_ref()
+            .map(|id| crate::adapter::claude::Session {
+                id: id.clone(),
+                config_dir: a.claude_config_dir.clone(),
+            }),
+    };
+    let rt = runtime()?;
+    let code = rt.block_on(crate::adapter::command::supervise(sup));
+    if code == 0 {
+        Ok(())
+    } else {
+        Err(Failure {
+            code: u8::try_from(code).unwrap_or(1),
+            message: "supervise failed".to_owned(),
+        })
+    }
+}
+
+/// One line per task: id, state, title, budget, owner, target.
+fn task_line(t: &crate::service::ledger::Task) -> String {
+    format!(
+        "{}  {:<11} {}  (budget {}/{}{}{})",
+        short(&t.id),
+        t.state,
+        one_line(&t.title, 60),
+        t.handoffs_used,
+        t.handoff_cap,
+        t.owner
+            .as_deref()
+            .map(|o| format!(", owner {o}"))
+            .unwrap_or_default(),
+        t.target_agent
+            .as_deref()
+            .map(|o| format!(", for {o}"))
+            .unwrap_or_default(),
+    )
+}
+
+/// `task show`: the brief, its lease and its history.
+fn task_detail_text(d: &crate::service::ledger::TaskDetail) -> String {
+    let line = task_line;
+    let t = &d.task;
+    let mut out = format!("{}\ngoal: {}\n", line(t), t.goal);
+    if let Some(c) = &t.constraints {
+        out.push_str(&format!("constraints: {c}\n"));
+    }
+    if let Some(s) = &t.summary {
+        out.push_str(&format!("summary: {s}\n"));
+    }
+    if let Some(n) = &t.next_action {
+        out.push_str(&format!("next: {n}\n"));
+    }
+    if !t.changed_files.is_empty() {
+        out.push_str(&format!("changed: {}\n", t.changed_files.join(", ")));
+    }
+    if let Some(lease) = &d.lease {
+        out.push_str(&format!(
+            "lease: {} until {}\n",
+            lease.holder,
+            when(lease.expires_at)
+        ));
+    }
+    for e in &d.events {
+        out.push_str(&format!(
+            "{}  {:<13} {}  {}\n",
+            when(e.at),
+            e.kind,
+            e.actor,
+            e.detail
+        ));
+    }
+    out
 }
 
 #[cfg(test)]

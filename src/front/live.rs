@@ -8,7 +8,6 @@
 use crate::engine::{Engine, EngineError};
 use crate::front::web::{self, WebOptions};
 use crate::service::{Outcome, Service, ServiceError};
-use crate::store::Store;
 use serde_json::json;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -58,9 +57,9 @@ fn engine_thread(
     let handle = std::thread::Builder::new()
         .name("handoffs-engine".to_owned())
         .spawn(move || {
-            let started = Store::open(&db)
+            let started = Service::open(&db)
                 .map_err(ServiceError::from)
-                .and_then(|store| match Engine::new(Service::new(store), false) {
+                .and_then(|service| match Engine::new(service, false) {
                     Ok(e) => Ok(Some(e)),
                     Err(EngineError::Busy) => Ok(None),
                     Err(e) => Err(refused(e.to_string())),
@@ -128,7 +127,7 @@ fn web_runtime() -> Result<tokio::runtime::Runtime, ServiceError> {
 }
 
 fn token_of(db: &Path) -> String {
-    std::fs::read_to_string(crate::store::token_path(db))
+    std::fs::read_to_string(crate::service::token_path(db))
         .map(|t| t.trim().to_owned())
         .unwrap_or_default()
 }
@@ -157,6 +156,27 @@ pub fn stop_code() -> u8 {
     STOPPED_BY.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// Waits for Ctrl+C, SIGTERM or SIGHUP; returns the exit code that says which (130, 143,
+/// 129). `serve`, `demo` and `run` all stop on any of them.
+pub async fn stop_signal() -> u8 {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let (Ok(mut term), Ok(mut hup)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::hangup()),
+        ) {
+            return tokio::select! {
+                _ = tokio::signal::ctrl_c() => 130,
+                _ = term.recv() => 143,
+                _ = hup.recv() => 129,
+            };
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+    130
+}
+
 /// How long open connections get to finish once the server is asked to stop.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 
@@ -181,26 +201,7 @@ fn run_web(
     };
     let signals = stop.clone();
     rt.spawn(async move {
-        #[cfg(unix)]
-        {
-            use tokio::signal::unix::{SignalKind, signal};
-            let (Ok(mut term), Ok(mut hup)) = (
-                signal(SignalKind::terminate()),
-                signal(SignalKind::hangup()),
-            ) else {
-                let _ = tokio::signal::ctrl_c().await;
-                signals.cancel();
-                return;
-            };
-            let code = tokio::select! {
-                _ = tokio::signal::ctrl_c() => 130,
-                _ = term.recv() => 143,
-                _ = hup.recv() => 129,
-            };
-            STOPPED_BY.store(code, std::sync::atomic::Ordering::Relaxed);
-        }
-        #[cfg(not(unix))]
-        let _ = tokio::signal::ctrl_c().await;
+        STOPPED_BY.store(stop_signal().await, std::sync::atomic::Ordering::Relaxed);
         signals.cancel();
     });
     let db = db.to_owned();
@@ -276,7 +277,7 @@ pub fn serve(
     public_demo: bool,
     policy: Option<model::Policy>,
 ) -> Result<Ended, ServiceError> {
-    Store::open(db)?;
+    Service::open(db)?;
     let stop = CancellationToken::new();
     let failure: Failure = Arc::default();
     let token = token_of(db);
@@ -369,7 +370,7 @@ fn topic_of(title: &str) -> String {
 /// One round of the demo's people: close returned work, pass each topic on, keep a few
 /// topics going. Returns how many things it did.
 fn demo_round(svc: &mut Service, next_topic: &mut usize) -> Result<usize, ServiceError> {
-    let work = svc.store.read(|tx| tx.open_work(1_000))?;
+    let work = svc.open_work(1_000)?;
     let mut did = 0;
     for w in work.iter().filter(|w| w.state.is_returned()) {
         let outcome = if w.state == model::work::WorkState::Blocked {
@@ -431,8 +432,7 @@ pub fn demo(
         .tempdir()
         .map_err(|e| refused(format!("cannot make a temporary folder: {e}")))?;
     let db: PathBuf = dir.path().join("demo.sqlite3");
-    let (store, _) = Store::init(&db)?;
-    let mut svc = Service::new(store);
+    let (mut svc, _) = Service::init(&db)?;
     for (i, (id, name)) in AGENTS.iter().enumerate() {
         // Turns of 4 to 7 seconds at speed 1, so the page shows work in every state.
         #[allow(clippy::cast_precision_loss)]

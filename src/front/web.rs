@@ -13,8 +13,8 @@
 //!   puts message text into the DOM only as text, and is served with a CSP that runs only its
 //!   own inline script (by hash).
 
+use crate::service::status::{Attention, Board, median};
 use crate::service::{DeliveryView, Service, ServiceError};
-use crate::store::{Store, WorkRow, millis};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, RawQuery, State};
@@ -105,7 +105,7 @@ impl Drop for Snapshots {
 
 /// Starts the snapshot thread over the database at `db`.
 pub fn snapshots(db: &Path, options: &WebOptions) -> Result<Snapshots, ServiceError> {
-    let mut service = Service::new(Store::open(db)?);
+    let mut service = Service::open(db)?;
     let first = build(&mut service, options)?;
     let (tx, rx) = watch::channel(Arc::new(first));
     let stop = Arc::new(AtomicBool::new(false));
@@ -114,12 +114,12 @@ pub fn snapshots(db: &Path, options: &WebOptions) -> Result<Snapshots, ServiceEr
     std::thread::Builder::new()
         .name("handoffs-snapshot".to_owned())
         .spawn(move || {
-            let mut seen = service.store.data_version().unwrap_or(0);
+            let mut seen = service.data_version().unwrap_or(0);
             let mut built = Instant::now();
             let mut cost = Duration::ZERO;
             while !flag.load(Ordering::SeqCst) && !tx.is_closed() {
                 std::thread::sleep(SNAPSHOT_POLL);
-                let version = service.store.data_version().unwrap_or(seen);
+                let version = service.data_version().unwrap_or(seen);
                 let since = built.elapsed();
                 // Rebuilt on change, but never more often than five times its own cost (a
                 // big database under a busy engine costs this thread at most a fifth of a
@@ -150,8 +150,8 @@ pub fn router(
     options: WebOptions,
     stop: tokio_util::sync::CancellationToken,
 ) -> Result<Router, ServiceError> {
-    let service = Service::new(Store::open(db)?);
-    let token_file = crate::store::token_path(service.store.path());
+    let service = Service::open(db)?;
+    let token_file = crate::service::token_path(service.db_path());
     let token = std::fs::read_to_string(&token_file)
         .map(|t| t.trim().as_bytes().to_vec())
         .map_err(|e| {
@@ -187,6 +187,8 @@ pub fn router(
             error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed here")
         })
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        // A span per request (method, path), and its response and latency at debug level.
+        .layer(tower_http::trace::TraceLayer::new_for_http())
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(
             StatusCode::REQUEST_TIMEOUT,
             REQUEST_TIMEOUT,
@@ -538,26 +540,6 @@ async fn send(
 
 // ----- the snapshot -----
 
-/// Why a person should look, in plain words (the page shows the adapter's detail beside it,
-/// outside the public demo).
-fn attention_reason(d: &DeliveryView) -> String {
-    match d.state {
-        StateKind::Uncertain => format!(
-            "Nobody can tell whether this reached {}; it will not be resent on its own. Check \
-             their session, then release it (`handoffs release {}`).",
-            d.to,
-            &d.id[..d.id.len().min(8)]
-        ),
-        StateKind::Unavailable => format!("{} could not be reached; it will be retried.", d.to),
-        StateKind::Held => format!(
-            "Held: the connection {} → {} is blocked, or delivery is paused.",
-            d.from, d.to
-        ),
-        StateKind::OwnerRejected => format!("{} refused the turn.", d.to),
-        _ => format!("{} needs a look.", d.state.as_str()),
-    }
-}
-
 fn plain_event(kind: &str) -> &'static str {
     match kind {
         "sent" => "a handoff was sent",
@@ -567,15 +549,6 @@ fn plain_event(kind: &str) -> &'static str {
         "release" => "a person released a delivery",
         "reminder" => "an overdue reminder was sent",
         _ => "something changed",
-    }
-}
-
-fn preview(body: &str) -> String {
-    let flat: String = body.split_whitespace().collect::<Vec<_>>().join(" ");
-    if flat.chars().count() > 140 {
-        format!("{}…", flat.chars().take(140).collect::<String>())
-    } else {
-        flat
     }
 }
 
@@ -592,14 +565,6 @@ fn plain_detail(state: StateKind) -> &'static str {
         StateKind::Duplicate => "the same message was already on its way",
         _ => "",
     }
-}
-
-fn median(v: &mut [i64]) -> Option<i64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_unstable();
-    Some(v[v.len() / 2])
 }
 
 /// Histogram buckets for delivery times, in seconds.
@@ -626,248 +591,11 @@ fn histogram(out: &mut String, name: &str, help: &str, samples_ms: &[i64]) {
     ));
 }
 
-/// What `build` reads in one transaction.
-struct Read {
-    queued: Vec<DeliveryView>,
-    busy: Vec<(String, i64)>,
-    unreachable: Vec<(String, i64)>,
-    held: Vec<(String, i64)>,
-    work_counts: crate::store::WorkCounts,
-    open_work: Vec<WorkRow>,
-    overdue_work: Vec<WorkRow>,
-    timings: Vec<crate::store::WorkTimes>,
-    totals: (i64, i64),
-    last_seq: i64,
-    bodies: std::collections::HashMap<String, String>,
-}
-
-/// Builds the status document and the metrics text in one read.
+/// Builds the status document and the metrics text from the service's board.
 pub fn build(svc: &mut Service, options: &WebOptions) -> Result<Snapshot, ServiceError> {
-    use StateKind::{
-        Accepted, Busy, Held, OwnerRejected, Running, Sending, Unavailable, Uncertain, Waiting,
-    };
-    let public = options.public_demo;
-    let now = millis(svc.now());
-    let overview = svc.overview(LIST_LIMIT)?;
-    let agents = svc.agents()?;
-    let read = svc.store.read(|tx| {
-        // Waiting and busy deliveries are in flight too: on their way, not yet written.
-        let queued = overview.queued.clone();
-        let busy = tx.count_by_recipient(&[Sending, Accepted, Running])?;
-        let unreachable = tx.count_by_recipient(&[Unavailable])?;
-        let held = tx.count_by_recipient(&[Held])?;
-        let work_counts = tx.work_counts(now)?;
-        let open_work = tx.newest_open_work(None, 100)?;
-        let overdue_work = tx.newest_open_work(Some(now), LIST_LIMIT)?;
-        // Every piece of work: the metrics' histograms count all of it (so they only grow),
-        // the page's chart shows the newest.
-        let timings = tx.work_timings(i64::MAX)?;
-        let totals = tx.delivery_totals()?;
-        let last_seq = tx.last_event_seq()?;
-        let mut bodies = std::collections::HashMap::new();
-        for d in overview
-            .in_flight
-            .iter()
-            .chain(&queued)
-            .chain(&overview.needs_attention)
-            .chain(&overview.recent)
-        {
-            if let Some(m) = tx.message(&d.id)? {
-                bodies.insert(d.id.clone(), preview(&m.body));
-            }
-        }
-        Ok::<_, ServiceError>(Read {
-            queued,
-            busy,
-            unreachable,
-            held,
-            work_counts,
-            open_work,
-            overdue_work,
-            timings,
-            totals,
-            last_seq,
-            bodies,
-        })
-    })?;
-    let Read {
-        queued,
-        busy,
-        unreachable,
-        held,
-        work_counts: (open_total, overdue_total, open_by_agent),
-        open_work,
-        overdue_work,
-        timings,
-        totals,
-        last_seq,
-        bodies,
-    } = read;
-    let delivery = |d: &DeliveryView, reason: bool| -> Value {
-        let mut v = json!({
-            "id": d.id, "from": d.from, "to": d.to, "title": d.title,
-            "preview": bodies.get(&d.id).cloned().unwrap_or_default(),
-            "state": d.state, "attempts": d.attempts,
-            "detail": if public { plain_detail(d.state).to_owned() } else { d.detail.clone() },
-            "enrolled_at": d.enrolled_at, "updated_at": d.updated_at,
-        });
-        if reason {
-            v["reason"] = json!(attention_reason(d));
-        }
-        v
-    };
-    let overdue = |w: &WorkRow| w.due_at.is_some_and(|d| d <= now) && w.state.is_open();
-    let mut needs: Vec<Value> = overview
-        .needs_attention
-        .iter()
-        .map(|d| delivery(d, true))
-        .collect();
-    for w in &overdue_work {
-        let late = (now - w.due_at.unwrap_or(now)) / 60_000;
-        let since = if late < 1 {
-            "is now overdue".to_owned()
-        } else {
-            format!("was due {late} min ago")
-        };
-        needs.push(json!({
-            "id": w.id, "from": w.sender, "to": w.recipient, "title": w.title,
-            "preview": "", "state": "OVERDUE", "attempts": 0, "detail": "",
-            "reason": format!("Work \"{}\" for {} {since} and is still {}.",
-                w.title, w.recipient, w.state),
-            "enrolled_at": w.created_at, "updated_at": w.updated_at,
-        }));
-    }
-    let mut send_to_accept: Vec<i64> = Vec::new();
-    let mut accept_to_return: Vec<i64> = Vec::new();
-    // Oldest first, so the newest samples are last.
-    for (sent, accepted, returned) in timings.iter().rev() {
-        if let Some(a) = accepted {
-            send_to_accept.push(a - sent);
-            if let Some(r) = returned {
-                accept_to_return.push(r - a);
-            }
-        }
-    }
-    let engine_alive = crate::service::engine_alive(
-        overview.engine_reported_at.zip(overview.engine.as_ref()),
-        now,
-    );
-    let counts: serde_json::Map<String, Value> = overview
-        .counts
-        .iter()
-        .map(|(k, n)| (k.clone(), json!(n)))
-        .collect();
-    let agent_list: Vec<Value> = agents
-        .iter()
-        .map(|a| {
-            let of = |list: &[(String, i64)]| {
-                list.iter().find(|(r, _)| r == &a.id).map_or(0, |(_, n)| *n)
-            };
-            let in_flight = of(&busy);
-            let state = if of(&unreachable) > 0 {
-                "unreachable"
-            } else if of(&held) > 0 {
-                "held"
-            } else if in_flight > 0 {
-                "busy"
-            } else {
-                "idle"
-            };
-            json!({
-                "id": a.id, "name": a.name, "provider": a.provider,
-                "in_flight": in_flight, "open_work": of(&open_by_agent),
-                "state": state,
-            })
-        })
-        .collect();
-    let count_of = |states: &[StateKind]| -> i64 {
-        overview
-            .counts
-            .iter()
-            .filter(|(k, _)| states.iter().any(|s| s.as_str() == k))
-            .map(|(_, n)| n)
-            .sum()
-    };
-    let tail = |v: &[i64]| -> Vec<i64> {
-        let n = usize::try_from(TIMING_SAMPLES).unwrap_or(200);
-        v[v.len().saturating_sub(n)..].to_vec()
-    };
-    let status = json!({
-        "generated_at": now,
-        "public_demo": public,
-        "can_send": !public,
-        "engine": {
-            "alive": engine_alive,
-            "reported_at": overview.engine_reported_at,
-            "report": if public { Value::Null } else { overview.engine.clone().unwrap_or(Value::Null) },
-        },
-        "counts": counts,
-        "in_flight": overview.in_flight.iter().chain(&queued).map(|d| delivery(d, false)).collect::<Vec<_>>(),
-        "needs_attention": needs,
-        "recent": overview.recent.iter().map(|d| delivery(d, false)).collect::<Vec<_>>(),
-        "agents": agent_list,
-        "totals": {
-            "in_flight": count_of(&[Waiting, Busy, Sending, Accepted, Running]),
-            "needs_attention": count_of(&[Uncertain, Unavailable, Held, OwnerRejected]) + overdue_total,
-            "open_work": open_total,
-            "overdue": overdue_total,
-        },
-        "open_work": open_work.iter().map(|w| json!({
-            "id": w.id, "sender": w.sender, "recipient": w.recipient, "title": w.title,
-            "state": w.state, "due_at": w.due_at, "overdue": overdue(w),
-            "summary": w.summary, "created_at": w.created_at, "updated_at": w.updated_at,
-        })).collect::<Vec<_>>(),
-        "timings": {
-            "send_to_accept_ms": tail(&send_to_accept),
-            "accept_to_return_ms": tail(&accept_to_return),
-            "send_to_accept_p50_ms": median(&mut send_to_accept.clone()),
-            "accept_to_return_p50_ms": median(&mut accept_to_return.clone()),
-        },
-        "last_event_id": last_seq,
-    });
-    let mut m = String::new();
-    m.push_str(
-        "# HELP handoffs_deliveries Deliveries by state.\n# TYPE handoffs_deliveries gauge\n",
-    );
-    for (state, n) in &overview.counts {
-        m.push_str(&format!("handoffs_deliveries{{state=\"{state}\"}} {n}\n"));
-    }
-    m.push_str(&format!(
-        "# HELP handoffs_delivery_attempts_total Writes into recipients' sessions, over all deliveries.\n\
-         # TYPE handoffs_delivery_attempts_total counter\nhandoffs_delivery_attempts_total {}\n\
-         # HELP handoffs_delivery_resends_total Bounded resends (after an error or an interrupted turn).\n\
-         # TYPE handoffs_delivery_resends_total counter\nhandoffs_delivery_resends_total {}\n",
-        totals.0, totals.1
-    ));
-    m.push_str(&format!(
-        "# HELP handoffs_open_work Work not yet closed.\n# TYPE handoffs_open_work gauge\nhandoffs_open_work {open_total}\n"
-    ));
-    histogram(
-        &mut m,
-        "handoffs_send_to_accept_seconds",
-        "Time from sending work to its acceptance.",
-        &send_to_accept,
-    );
-    histogram(
-        &mut m,
-        "handoffs_accept_to_return_seconds",
-        "Time from accepting work to returning it.",
-        &accept_to_return,
-    );
-    let pass_ms = overview
-        .engine
-        .as_ref()
-        .and_then(|r| r.get("pass_ms_max"))
-        .and_then(Value::as_f64);
-    m.push_str("# HELP handoffs_engine_pass_duration_seconds The longest engine pass (housekeeping, the due query, starting jobs) in its last report.\n# TYPE handoffs_engine_pass_duration_seconds gauge\n");
-    m.push_str(&format!(
-        "handoffs_engine_pass_duration_seconds {}\n",
-        pass_ms.map_or("NaN".to_owned(), |ms| (ms / 1000.0).to_string())
-    ));
-    m.push_str(&format!(
-        "# HELP handoffs_engine_up Whether an engine reported in the last 2 minutes.\n# TYPE handoffs_engine_up gauge\nhandoffs_engine_up {}\n",
-        u8::from(engine_alive)
-    ));
+    let board = svc.board(LIST_LIMIT)?;
+    let status = status_json(&board, options.public_demo);
+    let engine_alive = board.overview.engine_health.alive();
     let content = {
         use std::hash::{Hash as _, Hasher as _};
         let mut steady = status.clone();
@@ -880,7 +608,131 @@ pub fn build(svc: &mut Service, options: &WebOptions) -> Result<Snapshot, Servic
     Ok(Snapshot {
         content,
         status: Bytes::from(serde_json::to_vec(&status).unwrap_or_default()),
-        metrics: m,
+        metrics: metrics_text(&board),
         engine_alive,
     })
+}
+
+/// The page's status document (`/api/status`): the board, with adapters' details replaced by
+/// plain words on the public demo.
+fn status_json(b: &Board, public: bool) -> Value {
+    let o = &b.overview;
+    let delivery = |d: &DeliveryView, reason: Option<&str>| -> Value {
+        let mut v = json!({
+            "id": d.id, "from": d.from, "to": d.to, "title": d.title,
+            "preview": b.previews.get(&d.id).cloned().unwrap_or_default(),
+            "state": d.state, "attempts": d.attempts,
+            "detail": if public { plain_detail(d.state).to_owned() } else { d.detail.clone() },
+            "enrolled_at": d.enrolled_at, "updated_at": d.updated_at,
+        });
+        if let Some(r) = reason {
+            v["reason"] = json!(r);
+        }
+        v
+    };
+    let needs: Vec<Value> = b
+        .attention
+        .iter()
+        .map(|a| match a {
+            Attention::Delivery { view, reason } => delivery(view, Some(reason)),
+            Attention::Overdue { work: w, reason } => json!({
+                "id": w.id, "from": w.sender, "to": w.recipient, "title": w.title,
+                "preview": "", "state": "OVERDUE", "attempts": 0, "detail": "",
+                "reason": reason, "enrolled_at": w.created_at, "updated_at": w.updated_at,
+            }),
+        })
+        .collect();
+    let counts: serde_json::Map<String, Value> = o
+        .counts
+        .iter()
+        .map(|(k, n)| (k.clone(), json!(n)))
+        .collect();
+    let tail = |v: &[i64]| -> Vec<i64> {
+        let n = usize::try_from(TIMING_SAMPLES).unwrap_or(200);
+        v[v.len().saturating_sub(n)..].to_vec()
+    };
+    let t = &b.timings;
+    json!({
+        "generated_at": b.generated_at,
+        "public_demo": public,
+        "can_send": !public,
+        "engine": {
+            "alive": o.engine_health.alive(),
+            "reported_at": o.engine_reported_at,
+            "report": if public { Value::Null } else { o.engine.clone().unwrap_or(Value::Null) },
+        },
+        "counts": counts,
+        "in_flight": o.in_flight.iter().chain(&o.queued).map(|d| delivery(d, None)).collect::<Vec<_>>(),
+        "needs_attention": needs,
+        "recent": o.recent.iter().map(|d| delivery(d, None)).collect::<Vec<_>>(),
+        "agents": b.agents,
+        "totals": {
+            "in_flight": b.totals.in_flight,
+            "needs_attention": b.totals.needs_attention,
+            "open_work": b.totals.open_work,
+            "overdue": b.totals.overdue,
+        },
+        "open_work": b.open_work.iter().map(|ow| { let w = &ow.work; json!({
+            "id": w.id, "sender": w.sender, "recipient": w.recipient, "title": w.title,
+            "state": w.state, "due_at": w.due_at, "overdue": ow.overdue,
+            "summary": w.summary, "created_at": w.created_at, "updated_at": w.updated_at,
+        })}).collect::<Vec<_>>(),
+        "timings": {
+            "send_to_accept_ms": tail(&t.send_to_accept_ms),
+            "accept_to_return_ms": tail(&t.accept_to_return_ms),
+            "send_to_accept_p50_ms": median(&t.send_to_accept_ms),
+            "accept_to_return_p50_ms": median(&t.accept_to_return_ms),
+        },
+        "last_event_id": b.last_event_seq,
+    })
+}
+
+/// The Prometheus text of `/metrics`.
+fn metrics_text(b: &Board) -> String {
+    let o = &b.overview;
+    let mut m = String::new();
+    m.push_str(
+        "# HELP handoffs_deliveries Deliveries by state.\n# TYPE handoffs_deliveries gauge\n",
+    );
+    for (state, n) in &o.counts {
+        m.push_str(&format!("handoffs_deliveries{{state=\"{state}\"}} {n}\n"));
+    }
+    m.push_str(&format!(
+        "# HELP handoffs_delivery_attempts_total Writes into recipients' sessions, over all deliveries.\n\
+         # TYPE handoffs_delivery_attempts_total counter\nhandoffs_delivery_attempts_total {}\n\
+         # HELP handoffs_delivery_resends_total Bounded resends (after an error or an interrupted turn).\n\
+         # TYPE handoffs_delivery_resends_total counter\nhandoffs_delivery_resends_total {}\n",
+        b.totals.attempts, b.totals.resends
+    ));
+    m.push_str(&format!(
+        "# HELP handoffs_open_work Work not yet closed.\n# TYPE handoffs_open_work gauge\nhandoffs_open_work {}\n",
+        b.totals.open_work
+    ));
+    histogram(
+        &mut m,
+        "handoffs_send_to_accept_seconds",
+        "Time from sending work to its acceptance.",
+        &b.timings.send_to_accept_ms,
+    );
+    histogram(
+        &mut m,
+        "handoffs_accept_to_return_seconds",
+        "Time from accepting work to returning it.",
+        &b.timings.accept_to_return_ms,
+    );
+    let pass_ms = o
+        .engine
+        .as_ref()
+        .and_then(|r| r.get("pass_ms_max"))
+        .and_then(Value::as_f64);
+    m.push_str("# HELP handoffs_engine_pass_duration_seconds The longest engine pass (housekeeping, the due query, starting jobs) in its last report.\n# TYPE handoffs_engine_pass_duration_seconds gauge\n");
+    m.push_str(&format!(
+        "handoffs_engine_pass_duration_seconds {}\n",
+        pass_ms.map_or("NaN".to_owned(), |ms| (ms / 1000.0).to_string())
+    ));
+    m.push_str(&format!(
+        "# HELP handoffs_engine_up Whether an engine reported in the last 2 minutes.\n# TYPE handoffs_engine_up gauge\nhandoffs_engine_up {}\n",
+        u8::from(o.engine_health.alive())
+    ));
+    m
 }

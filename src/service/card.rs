@@ -16,11 +16,7 @@ fn quote(body: &str) -> String {
         .join("\n")
 }
 
-fn when(ms: i64) -> String {
-    let t =
-        std::time::UNIX_EPOCH + std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0));
-    humantime::format_rfc3339_seconds(t).to_string()
-}
+use crate::text::when;
 
 /// The card for `message` (with its work contract, if any).
 pub fn card(message: &MessageRow, work: Option<&WorkRow>) -> String {

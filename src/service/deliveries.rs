@@ -62,8 +62,17 @@ impl Service {
                 _ => false,
             };
             if by_person {
+                tracing::info!(delivery = id, detail = %step.record.detail(), "released by a person");
                 tx.event(millis(now), Some(id), "release", &step.record.detail())?;
             } else if let Change::Moved { from, to } = step.change {
+                tracing::info!(
+                    delivery = id,
+                    recipient = %row.recipient,
+                    %from,
+                    %to,
+                    detail = %step.record.detail(),
+                    "delivery moved"
+                );
                 tx.event(
                     millis(now),
                     Some(id),

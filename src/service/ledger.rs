@@ -14,7 +14,6 @@ use serde::Serialize;
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use super::{ServiceError, check_agent_id};
 
@@ -291,10 +290,7 @@ fn event(
     Ok(())
 }
 
-fn when(ms: i64) -> String {
-    let t = std::time::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
-    humantime::format_rfc3339_seconds(t).to_string()
-}
+use crate::text::when;
 
 /// A lease that ran out returns its task to the queue, with a warning in the task's history.
 /// Returns the warning, if there was one.
@@ -372,30 +368,23 @@ impl Ledger {
 
     /// Opens (creating the schema if needed) a ledger file.
     pub fn open(path: &Path) -> Result<Ledger> {
-        let conn = Connection::open(path).map_err(|e| {
+        let conn = crate::store::connect(path, true).map_err(|e| {
             ServiceError::Refused(format!("cannot open the ledger {}: {e}", path.display()))
         })?;
-        let busy = std::env::var("HANDOFFS_BUSY_TIMEOUT_MS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .map_or(Duration::from_secs(10), Duration::from_millis);
-        conn.busy_timeout(busy).map_err(db_err)?;
-        let corrupt = |e: rusqlite::Error| {
+        let corrupt = |e: String| {
             ServiceError::Refused(format!("{} is not a readable ledger: {e}", path.display()))
         };
         let version: i64 = conn
             .query_row("PRAGMA user_version", [], |r| r.get(0))
-            .map_err(corrupt)?;
-        conn.execute_batch(
-            "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON;",
-        )
-        .map_err(corrupt)?;
+            .map_err(|e| corrupt(e.to_string()))?;
+        crate::store::settle(&conn).map_err(|e| corrupt(e.to_string()))?;
         if version == 0 {
             let mut conn = conn;
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(db_err)?;
-            tx.execute_batch(SCHEMA).map_err(corrupt)?;
+            tx.execute_batch(SCHEMA)
+                .map_err(|e| corrupt(e.to_string()))?;
             tx.commit().map_err(db_err)?;
             return Ok(Ledger {
                 conn,

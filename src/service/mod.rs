@@ -6,11 +6,15 @@
 pub mod card;
 pub mod deliveries;
 pub mod ledger;
+pub mod status;
 pub mod tasks;
 
-use crate::store::{
-    AgentRow, DeliveryRow, EventRow, IdTable, MessageRow, Store, StoreError, Tx, WorkRow, millis,
+pub use crate::store::{
+    AgentRow, DeliveryRow, EventRow, IdTable, MessageRow, StoreError, WorkRow, token_path,
 };
+pub use status::{EngineHealth, Overview, Unenrolled};
+
+use crate::store::{Store, Tx, millis};
 use model::work::WorkState;
 use model::{
     Core, Delivery, EventKind, MessageId, MessageKind, Millis, Permission, Provider, RequestId,
@@ -27,19 +31,6 @@ pub const SUMMARY_CHARS_MAX: usize = 4_000;
 pub const ID_CHARS_MAX: usize = 200;
 pub const DUE_MINUTES_MAX: i64 = 43_200;
 pub const ID_PREFIX_MIN: usize = 6;
-
-/// An engine that has not reported for this long is taken as not running (an engine
-/// reports about once a second while it runs).
-pub const ENGINE_QUIET_MS: i64 = 120_000;
-
-/// Whether the engine whose last report (`at`, the report) is `report` counts as running at
-/// `now`: it reported within [`ENGINE_QUIET_MS`], and not as a one-shot `tick`, which is over
-/// once it has reported. The one liveness rule the page, the MCP server and the CLI share.
-pub fn engine_alive(report: Option<(i64, &Value)>, now: i64) -> bool {
-    report.is_some_and(|(at, r)| {
-        now - at <= ENGINE_QUIET_MS && r.get("one_shot").and_then(Value::as_bool) != Some(true)
-    })
-}
 
 /// Why an operation did not happen. Every front maps these in one place.
 #[derive(Debug, thiserror::Error)]
@@ -71,7 +62,7 @@ pub type Clock = Arc<dyn Fn() -> Millis + Send + Sync>;
 
 /// The service over one database.
 pub struct Service {
-    pub store: Store,
+    store: Store,
     clock: Clock,
 }
 
@@ -115,37 +106,6 @@ pub struct DeliveryDetail {
     pub delivery: DeliveryView,
     pub record: Delivery,
     pub events: Vec<EventRow>,
-}
-
-/// What `status` shows without an id.
-#[derive(Clone, Debug, Serialize)]
-pub struct Overview {
-    /// Enrolled and waiting for their turn: WAITING and BUSY.
-    pub queued: Vec<DeliveryView>,
-    pub in_flight: Vec<DeliveryView>,
-    pub needs_attention: Vec<DeliveryView>,
-    pub overdue_work: Vec<WorkRow>,
-    pub recent: Vec<DeliveryView>,
-    pub counts: Vec<(String, i64)>,
-    pub engine: Option<Value>,
-    pub engine_reported_at: Option<i64>,
-    /// How the reporting engine's timings differ from SPEC §2 (empty: they do not).
-    pub engine_policy_differs: Vec<String>,
-    /// Deliveries whose stored record cannot be read back, each error naming its row: shown,
-    /// never acted on (a person repairs or restores the database).
-    pub damaged: Vec<String>,
-}
-
-/// A handoff sent but not yet enrolled by an engine: who to whom, and how it begins.
-#[derive(Clone, Debug, Serialize)]
-pub struct Unenrolled {
-    pub id: String,
-    pub from: String,
-    pub to: String,
-    pub title: Option<String>,
-    /// The message's first 120 characters, on one line.
-    pub preview: String,
-    pub created_at: i64,
 }
 
 /// A work contract's outcome when its sender closes it.
@@ -425,6 +385,34 @@ impl Service {
         Service::with_clock(store, Arc::new(crate::clock::now))
     }
 
+    /// The service over the existing database at `path`.
+    pub fn open(path: &std::path::Path) -> Result<Service, StoreError> {
+        Ok(Service::new(Store::open(path)?))
+    }
+
+    /// The service over the database at `path`, created (mode 0600) when missing; says
+    /// whether it was created.
+    pub fn init(path: &std::path::Path) -> Result<(Service, bool), StoreError> {
+        let (store, created) = Store::init(path)?;
+        Ok((Service::new(store), created))
+    }
+
+    /// The database's file.
+    pub fn db_path(&self) -> &std::path::Path {
+        self.store.path()
+    }
+
+    /// A number that changes whenever another connection commits (SQLite's `data_version`).
+    pub fn data_version(&mut self) -> Result<i64, StoreError> {
+        self.store.data_version()
+    }
+
+    /// The store, for the delivery side only (the engine, the simulation); fronts never call
+    /// it (tests/architecture.rs checks).
+    pub(crate) fn store_mut(&mut self) -> &mut Store {
+        &mut self.store
+    }
+
     pub fn with_clock(store: Store, clock: Clock) -> Service {
         Service { store, clock }
     }
@@ -701,10 +689,10 @@ impl Service {
         }
         match (due_minutes, title) {
             (Some(_), None) => {
-                return usage("--due-minutes needs --title (only work has a due time)");
+                return usage("due_minutes needs a title (only work has a due time)");
             }
             (Some(m), _) if !(1..=DUE_MINUTES_MAX).contains(&m) => {
-                return usage(format!("--due-minutes must be 1 to {DUE_MINUTES_MAX}"));
+                return usage(format!("due_minutes must be 1 to {DUE_MINUTES_MAX}"));
             }
             _ => {}
         }
@@ -842,7 +830,7 @@ impl Service {
     pub fn inbox(&mut self, agent: &str, all: bool, limit: i64) -> Result<Vec<MessageRow>> {
         check_agent_id(agent)?;
         if !(1..=10_000).contains(&limit) {
-            return usage("--limit must be 1 to 10000");
+            return usage("limit must be 1 to 10000");
         }
         self.store.read(|tx| {
             if tx.agent(agent)?.is_none() {
@@ -1044,46 +1032,9 @@ impl Service {
         })
     }
 
-    pub fn overview(&mut self, limit: i64) -> Result<Overview> {
-        use StateKind::{
-            Accepted, Acknowledged, Busy, Cancelled, Duplicate, Failed, Held, OwnerRejected,
-            Returned, Running, Sending, Unavailable, Uncertain, Waiting,
-        };
-        let now = millis(self.now());
-        self.store.read(|tx| {
-            let damaged = std::cell::RefCell::new(Vec::new());
-            let views = |states: &[StateKind]| -> Result<Vec<DeliveryView>, StoreError> {
-                let (rows, bad) = tx.deliveries_or_damaged_in(states, limit)?;
-                damaged
-                    .borrow_mut()
-                    .extend(bad.into_iter().map(|e| e.to_string()));
-                rows.iter().map(|d| Self::view(tx, d)).collect()
-            };
-            let report = tx.report()?;
-            Ok(Overview {
-                queued: views(&[Waiting, Busy])?,
-                in_flight: views(&[Sending, Accepted, Running])?,
-                needs_attention: views(&[Uncertain, Unavailable, Held, OwnerRejected])?,
-                // The newest overdue work; the totals live in the page's snapshot.
-                overdue_work: tx.newest_open_work(Some(now), limit)?,
-                recent: views(&[Returned, Failed, Acknowledged, Cancelled, Duplicate])?,
-                counts: tx.count_by_state()?,
-                engine_reported_at: report.as_ref().map(|r| r.0),
-                engine_policy_differs: report
-                    .as_ref()
-                    .and_then(|r| r.1.get("policy_differs"))
-                    .and_then(Value::as_array)
-                    .map(|a| {
-                        a.iter()
-                            .filter_map(Value::as_str)
-                            .map(str::to_owned)
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-                engine: report.map(|r| r.1),
-                damaged: damaged.take(),
-            })
-        })
+    /// Open work (and work returned but not yet closed), newest first.
+    pub fn open_work(&mut self, limit: i64) -> Result<Vec<WorkRow>> {
+        self.store.read(|tx| Ok(tx.open_work(limit)?))
     }
 
     pub fn delivery(&mut self, id: &str) -> Result<DeliveryDetail> {
@@ -1097,29 +1048,6 @@ impl Service {
                 events: tx.events_for(&id)?,
                 record: d.record,
             })
-        })
-    }
-
-    /// Handoffs no engine has taken up yet: sent before their recipient was registered (or
-    /// could be routed), waiting for an engine's pass to enrol them. Not part of the
-    /// overview: it reads the messages table, which the page rebuilds too often to afford.
-    pub fn waiting_for_engine(&mut self, limit: i64) -> Result<Vec<Unenrolled>> {
-        self.store.read(|tx| {
-            Ok(tx
-                .unenrolled(enabled_after(tx)?, limit)?
-                .into_iter()
-                .map(|m| Unenrolled {
-                    preview: truncate(
-                        &m.body.split_whitespace().collect::<Vec<_>>().join(" "),
-                        120,
-                    ),
-                    id: m.id,
-                    from: m.sender,
-                    to: m.recipient,
-                    title: m.title,
-                    created_at: m.created_at,
-                })
-                .collect())
         })
     }
 

@@ -656,18 +656,36 @@ async fn talk(
     no_progress: Duration,
     written: &mut dyn FnMut(),
 ) -> (String, Option<String>) {
-    let refused = |d: String| ("refused".to_owned(), Some(d));
+    let version = match open_thread(rpc, thread).await {
+        Ok(v) => v,
+        Err(ended) => return ended,
+    };
+    let queued_id = match queue_message(rpc, thread, text, request_id).await {
+        Ok(id) => id,
+        Err(ended) => return ended,
+    };
+    written();
+    follow_turn(
+        rpc,
+        thread,
+        request_id,
+        &version,
+        queued_id.as_ref(),
+        no_progress,
+    )
+    .await
+}
+
+/// Opens the conversation: the app-server's (or daemon's) version, and the thread resumed.
+/// An error is the run's end: nothing was written.
+async fn open_thread(rpc: &mut Rpc, thread: &Thread) -> Result<String, (String, Option<String>)> {
+    let refused = |d: String| Err(("refused".to_owned(), Some(d)));
     let version = match rpc.hello().await {
         Ok(v) => v,
         Err(e) if rpc.through_daemon() => {
             return refused(format!("the Codex daemon did not answer: {e}"));
         }
         Err(e) => return refused(format!("codex app-server did not start: {e}")),
-    };
-    let version = if rpc.through_daemon() {
-        format!("{version} (through the Codex daemon)")
-    } else {
-        version
     };
     if let Err(e) = rpc
         .call(
@@ -686,6 +704,21 @@ async fn talk(
             format!("codex could not resume thread {}: {e}", thread.id)
         });
     }
+    Ok(if rpc.through_daemon() {
+        format!("{version} (through the Codex daemon)")
+    } else {
+        version
+    })
+}
+
+/// Queues the card as the thread's next user message (`thread/queue/add`): the queued
+/// submission's id, or how the run ended (refused: not queued; maybe queued: no answer).
+async fn queue_message(
+    rpc: &mut Rpc,
+    thread: &Thread,
+    text: &str,
+    request_id: &str,
+) -> Result<Option<String>, (String, Option<String>)> {
     let input = json!([{"type": "text", "text": text}]);
     hold_before_write(request_id).await;
     if lose_the_answer() {
@@ -703,10 +736,10 @@ async fn talk(
             }
         };
         let _ = tokio::time::timeout(Duration::from_secs(30), began).await;
-        return (
+        return Err((
             MAYBE_QUEUED.to_owned(),
             Some("the answer to thread/queue/add was lost".to_owned()),
-        );
+        ));
     }
     let queued = if crate::planted(crate::Plant::TurnStartCodex)
         || crate::planted(crate::Plant::TurnStartOnly)
@@ -724,15 +757,27 @@ async fn talk(
         )
         .await
     };
-    let queued_id = match queued {
-        Ok(r) => r["queuedSubmission"]["id"].as_str().map(str::to_owned),
-        Err(e) if e.starts_with(ANSWERED) => {
-            return refused(format!("codex did not queue the message: {e}"));
-        }
+    match queued {
+        Ok(r) => Ok(r["queuedSubmission"]["id"].as_str().map(str::to_owned)),
+        Err(e) if e.starts_with(ANSWERED) => Err((
+            "refused".to_owned(),
+            Some(format!("codex did not queue the message: {e}")),
+        )),
         // Sent, and no answer: it may be in the queue.
-        Err(e) => return (MAYBE_QUEUED.to_owned(), Some(e)),
-    };
-    written();
+        Err(e) => Err((MAYBE_QUEUED.to_owned(), Some(e))),
+    }
+}
+
+/// Follows the queued message to its turn's end: starts the queue after an interruption
+/// paused it, answers the app-server's requests, and gives up after `no_progress` without any.
+async fn follow_turn(
+    rpc: &mut Rpc,
+    thread: &Thread,
+    request_id: &str,
+    version: &str,
+    queued_id: Option<&String>,
+    no_progress: Duration,
+) -> (String, Option<String>) {
     let mut turn: Option<String> = None;
     let mut nudged = false;
     let started = tokio::time::Instant::now();
@@ -787,7 +832,7 @@ async fn talk(
                     continue;
                 }
                 nudged = true;
-                if let Some(q) = &queued_id {
+                if let Some(q) = queued_id {
                     let _ = rpc
                         .call(
                             "thread/queue/start",
@@ -798,53 +843,7 @@ async fn talk(
                 last_progress = tokio::time::Instant::now();
                 continue;
             }
-            Err(_) => {
-                let secs = no_progress.as_secs();
-                if let Some(t) = turn.clone() {
-                    let _ = rpc
-                        .call(
-                            "turn/interrupt",
-                            json!({"threadId": thread.id, "turnId": t}),
-                        )
-                        .await;
-                    // Let Codex end the turn (and write it down) before we go.
-                    let ended = async {
-                        while let Some(m) = rpc.next().await {
-                            if m["method"] == "turn/completed" && m["params"]["turn"]["id"] == *t {
-                                break;
-                            }
-                        }
-                    };
-                    let _ = tokio::time::timeout(Duration::from_secs(10), ended).await;
-                    return (
-                        "errored".to_owned(),
-                        Some(format!("no progress in {secs}s; the turn was interrupted")),
-                    );
-                }
-                // Never started: take it out of the queue, so it cannot run later.
-                return match remove_queued(rpc, thread, request_id).await {
-                    // Nothing ran, but the engine has its receipt: an errored write (a
-                    // bounded resend), never a refusal after a receipt.
-                    Ok(true) => (
-                        "errored".to_owned(),
-                        Some(format!(
-                            "the queued message did not start in {secs}s and was taken out of the queue"
-                        )),
-                    ),
-                    Ok(false) => (
-                        LEAVE_OPEN.to_owned(),
-                        Some(format!(
-                            "the message was not seen to start in {secs}s and is no longer queued"
-                        )),
-                    ),
-                    Err(e) => (
-                        LEAVE_OPEN.to_owned(),
-                        Some(format!(
-                            "the message did not start in {secs}s and could not be taken out of the queue ({e})"
-                        )),
-                    ),
-                };
-            }
+            Err(_) => return give_up(rpc, thread, request_id, turn.as_deref(), no_progress).await,
         };
         let method = msg.get("method").and_then(Value::as_str).unwrap_or("");
         if msg.get("id").is_some() && !method.is_empty() {
@@ -882,29 +881,95 @@ async fn talk(
                     .as_str()
                     .map(str::to_owned);
                 let id = turn.clone().unwrap_or_default();
-                return match status {
-                    "completed" => (
-                        "returned".to_owned(),
-                        Some(format!("codex {version}: turn {id} completed")),
-                    ),
-                    "interrupted" => (
-                        "interrupted".to_owned(),
-                        Some(format!("codex {version}: turn {id} was interrupted")),
-                    ),
-                    _ => (
-                        "errored".to_owned(),
-                        Some(format!(
-                            "codex {version}: turn {id} failed: {}",
-                            error.unwrap_or_else(|| status.to_owned())
-                        )),
-                    ),
-                };
+                return turn_ended(version, &id, status, error);
             }
             _ if turn.is_some() && turn_id == turn && method != "error" => {
                 last_progress = tokio::time::Instant::now();
             }
             _ => {}
         }
+    }
+}
+
+/// No progress for `no_progress`: a running turn is interrupted (an errored run, resent
+/// within bounds); a message that never started is taken out of the queue when it can be.
+async fn give_up(
+    rpc: &mut Rpc,
+    thread: &Thread,
+    request_id: &str,
+    turn: Option<&str>,
+    no_progress: Duration,
+) -> (String, Option<String>) {
+    let secs = no_progress.as_secs();
+    if let Some(t) = turn {
+        let _ = rpc
+            .call(
+                "turn/interrupt",
+                json!({"threadId": thread.id, "turnId": t}),
+            )
+            .await;
+        // Let Codex end the turn (and write it down) before we go.
+        let ended = async {
+            while let Some(m) = rpc.next().await {
+                if m["method"] == "turn/completed" && m["params"]["turn"]["id"] == t {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(10), ended).await;
+        return (
+            "errored".to_owned(),
+            Some(format!("no progress in {secs}s; the turn was interrupted")),
+        );
+    }
+    // Never started: take it out of the queue, so it cannot run later.
+    match remove_queued(rpc, thread, request_id).await {
+        // Nothing ran, but the engine has its receipt: an errored write (a
+        // bounded resend), never a refusal after a receipt.
+        Ok(true) => (
+            "errored".to_owned(),
+            Some(format!(
+                "the queued message did not start in {secs}s and was taken out of the queue"
+            )),
+        ),
+        Ok(false) => (
+            LEAVE_OPEN.to_owned(),
+            Some(format!(
+                "the message was not seen to start in {secs}s and is no longer queued"
+            )),
+        ),
+        Err(e) => (
+            LEAVE_OPEN.to_owned(),
+            Some(format!(
+                "the message did not start in {secs}s and could not be taken out of the queue ({e})"
+            )),
+        ),
+    }
+}
+
+/// How a turn that completed ended, in the run's terms.
+fn turn_ended(
+    version: &str,
+    id: &str,
+    status: &str,
+    error: Option<String>,
+) -> (String, Option<String>) {
+    match status {
+        "completed" => (
+            "returned".to_owned(),
+            Some(format!("codex {version}: turn {id} completed")),
+        ),
+        "interrupted" => (
+            "interrupted".to_owned(),
+            Some(format!("codex {version}: turn {id} was interrupted")),
+        ),
+        _ => (
+            "errored".to_owned(),
+            Some(format!(
+                "codex {version}: turn {id} failed: {}",
+                error.unwrap_or_else(|| status.to_owned())
+            )),
+        ),
     }
 }
 

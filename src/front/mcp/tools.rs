@@ -1,0 +1,780 @@
+//! The tools, one table entry each: name, title, annotations, the argument type (whose schema
+//! `tools/list` shows as `inputSchema`), the shape of the structured result (`outputSchema`),
+//! and the handler. Adding a tool is adding one entry and its handler; nothing else names it.
+
+use super::{McpServer, ToolError, ToolResult, message_of, summary_of};
+use crate::service::Outcome;
+use rmcp::handler::server::common::{schema_for_empty_input, schema_for_input};
+use rmcp::model::{JsonObject, Tool, ToolAnnotations};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use std::sync::{Arc, OnceLock};
+
+// ----- tool arguments (their schemas are what tools/list shows) -----
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct SendArgs {
+    /// The recipient agent's id.
+    to: String,
+    /// The message (at most 200,000 characters).
+    message: String,
+    /// A title makes the handoff work, with a contract: accept, return, close.
+    title: Option<String>,
+    /// Minutes until the work is due (1–43,200; only with a title).
+    due_minutes: Option<i64>,
+    /// Idempotency key: repeating a send with the same key returns the first message.
+    key: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct InboxArgs {
+    /// Only unread messages (default true).
+    unread_only: Option<bool>,
+    /// At most this many (1–500, default 50).
+    limit: Option<i64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct IdArgs {
+    /// A message id, or a unique prefix of at least 6 characters.
+    id: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct ReturnArgs {
+    /// The work's message id.
+    id: String,
+    /// What was done (at most 4,000 characters).
+    summary: String,
+    /// Evidence: commits, test output, links.
+    evidence: Option<String>,
+    /// Return it as blocked instead of done.
+    blocked: Option<bool>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct CloseArgs {
+    /// The work's message id.
+    id: String,
+    /// accepted, revision or blocked.
+    outcome: String,
+    note: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct StatusArgs {
+    /// A delivery (message) id; without it, the overview.
+    id: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct WaitArgs {
+    /// Seconds to wait for a new unread message (1–50, default 30).
+    pub timeout_seconds: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct CreateTaskArgs {
+    title: String,
+    /// What done looks like.
+    goal: String,
+    constraints: Option<String>,
+    /// Queue the brief for this agent only (default: anyone).
+    target_agent: Option<String>,
+    /// How many times the task may be passed on (0–16, default 4).
+    handoff_cap: Option<i64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct ClaimArgs {
+    task_id: String,
+    /// Lease length in minutes (1–1440, default 90).
+    lease_minutes: Option<i64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct RenewArgs {
+    task_id: String,
+    /// The token claim_handoff returned (default: the one this server holds).
+    lease_token: Option<String>,
+    lease_minutes: Option<i64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct PassArgs {
+    task_id: String,
+    lease_token: Option<String>,
+    /// What was done so far.
+    summary: String,
+    /// What the next agent should do first.
+    next_action: String,
+    /// Files changed (merged into the task's set).
+    changed_files: Option<Vec<String>>,
+    /// The agent the brief is queued for.
+    target_agent: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct CompleteArgs {
+    task_id: String,
+    lease_token: Option<String>,
+    summary: Option<String>,
+    changed_files: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct TaskIdArgs {
+    task_id: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct ListTasksArgs {
+    /// queued, claimed, needs_human or done.
+    state: Option<String>,
+    limit: Option<i64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct BriefArgs {
+    /// Longest brief in characters (200–20,000, default 2,048).
+    max_chars: Option<usize>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct SearchArgs {
+    query: String,
+    limit: Option<usize>,
+    include_superseded: Option<bool>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct RecordArgs {
+    title: String,
+    /// Markdown.
+    body: String,
+    tags: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct SupersedeArgs {
+    /// The record to replace.
+    id: String,
+    body: String,
+    title: Option<String>,
+    tags: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct NoArgs {}
+
+/// How a tool behaves, for its annotations.
+#[derive(Clone, Copy)]
+enum Kind {
+    /// Reads only.
+    Read,
+    /// Writes; repeating it changes nothing more.
+    Idempotent,
+    /// Writes something new each time.
+    Write,
+}
+
+type Handler = Box<dyn Fn(&McpServer, &JsonObject) -> ToolResult + Send + Sync>;
+
+/// How a tool runs.
+pub(super) enum Run {
+    /// On the blocking pool, in one go.
+    Now(Handler),
+    /// `wait_for_messages`: waits on the session's runtime, cancellable.
+    Wait,
+}
+
+/// One tool.
+pub(super) struct ToolDef {
+    pub name: &'static str,
+    /// Offered only with a context library (`--context-library`).
+    pub library: bool,
+    pub run: Run,
+    /// What `tools/list` shows.
+    pub tool: Tool,
+}
+
+fn input_schema<T: JsonSchema + 'static>() -> Arc<JsonObject> {
+    if std::any::TypeId::of::<T>() == std::any::TypeId::of::<NoArgs>() {
+        return schema_for_empty_input();
+    }
+    schema_for_input::<T>().unwrap_or_else(|_| schema_for_empty_input())
+}
+
+/// The arguments of `tool`, typed; any other shape is one clear sentence.
+pub(super) fn args<T: DeserializeOwned>(tool: &str, raw: &JsonObject) -> Result<T, ToolError> {
+    serde_json::from_value(Value::Object(raw.clone()))
+        .map_err(|e| ToolError(format!("invalid arguments for {tool}: {e}")))
+}
+
+/// A table entry: the tool `name` with arguments `A`, run by `handler` as this server's agent.
+fn entry<A: DeserializeOwned + JsonSchema + 'static>(
+    name: &'static str,
+    title: &'static str,
+    kind: Kind,
+    about: &'static str,
+    output: Value,
+    handler: fn(&McpServer, &str, &A) -> ToolResult,
+) -> ToolDef {
+    let mut def = described::<A>(name, title, kind, about, output);
+    def.run = Run::Now(Box::new(move |server: &McpServer, raw: &JsonObject| {
+        let a: A = args(name, raw)?;
+        handler(server, server.agent(), &a)
+    }));
+    def
+}
+
+fn described<A: JsonSchema + 'static>(
+    name: &'static str,
+    title: &'static str,
+    kind: Kind,
+    about: &'static str,
+    output: Value,
+) -> ToolDef {
+    let annotations = ToolAnnotations::with_title(title)
+        .read_only(matches!(kind, Kind::Read))
+        .destructive(false)
+        .idempotent(!matches!(kind, Kind::Write))
+        .open_world(false);
+    let output = match output {
+        Value::Object(o) => Arc::new(o),
+        _ => Arc::new(JsonObject::new()),
+    };
+    ToolDef {
+        name,
+        library: name.starts_with("context_"),
+        run: Run::Wait,
+        tool: Tool::new(name, about, input_schema::<A>())
+            .with_title(title)
+            .with_annotations(annotations)
+            .with_raw_output_schema(output),
+    }
+}
+
+// ----- the shapes of structured results (outputSchema) -----
+
+/// An object with these properties, of which `required` must be present. Every result may
+/// also carry `warnings` (the ledger's, for this call).
+fn object(properties: &[(&str, Value)], required: &[&str]) -> Value {
+    let mut props: serde_json::Map<String, Value> = properties
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), v.clone()))
+        .collect();
+    props.insert("warnings".to_owned(), array(string()));
+    json!({ "type": "object", "properties": props, "required": required })
+}
+
+fn string() -> Value {
+    json!({ "type": "string" })
+}
+
+fn maybe(ty: &str) -> Value {
+    json!({ "type": [ty, "null"] })
+}
+
+fn of_type(ty: &str) -> Value {
+    json!({ "type": ty })
+}
+
+fn array(items: Value) -> Value {
+    let mut a = json!({ "type": "array" });
+    a["items"] = items;
+    a
+}
+
+/// A message as `inbox` lists it.
+fn message_summary() -> Value {
+    object(
+        &[
+            ("id", string()),
+            ("from", string()),
+            ("kind", string()),
+            ("title", maybe("string")),
+            ("preview", string()),
+            ("created_at", of_type("integer")),
+            ("read", of_type("boolean")),
+        ],
+        &["id", "from", "kind", "preview", "created_at", "read"],
+    )
+}
+
+/// Every tool, in the order `tools/list` shows them.
+pub(super) fn table() -> &'static [ToolDef] {
+    static TABLE: OnceLock<Vec<ToolDef>> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        let mut all = message_tools();
+        all.extend(task_tools());
+        all.extend(context_tools());
+        all
+    })
+}
+
+/// Handoffs, work contracts and delivery status.
+fn message_tools() -> Vec<ToolDef> {
+    use Kind::{Idempotent, Read, Write};
+    let work = || object(&[("work", of_type("object"))], &["work"]);
+    vec![
+        entry::<SendArgs>(
+            "send_handoff",
+            "Send a handoff",
+            Write,
+            "Send a handoff to another agent; it becomes exactly one new turn in their session. \
+             With a title it is work (accept, return, close). You always send as yourself.",
+            object(
+                &[
+                    ("id", string()),
+                    ("to", string()),
+                    ("kind", string()),
+                    ("created", of_type("boolean")),
+                    ("delivery_state", maybe("string")),
+                    ("warning", string()),
+                ],
+                &["id", "to", "kind", "created", "delivery_state"],
+            ),
+            send_handoff,
+        ),
+        entry::<InboxArgs>(
+            "inbox",
+            "Inbox",
+            Read,
+            "Your messages, newest first (unread only unless unread_only is false).",
+            object(&[("messages", array(message_summary()))], &["messages"]),
+            inbox,
+        ),
+        entry::<IdArgs>(
+            "read_message",
+            "Read a message",
+            Idempotent,
+            "A message in full; marks it read when it is yours.",
+            object(
+                &[
+                    ("id", string()),
+                    ("from", string()),
+                    ("to", string()),
+                    ("kind", string()),
+                    ("title", maybe("string")),
+                    ("body", string()),
+                    ("work_id", maybe("string")),
+                    ("created_at", of_type("integer")),
+                    ("read_at", maybe("integer")),
+                ],
+                &["id", "from", "to", "kind", "body", "created_at"],
+            ),
+            read_message,
+        ),
+        entry::<IdArgs>(
+            "accept_work",
+            "Accept work",
+            Idempotent,
+            "Accept work given to you.",
+            work(),
+            |s, me, a| Ok(json!({ "work": s.service().accept(&a.id, me)? })),
+        ),
+        entry::<ReturnArgs>(
+            "return_work",
+            "Return work",
+            Idempotent,
+            "Return work to its sender with a summary (or as blocked).",
+            object(
+                &[("work", of_type("object")), ("return_message_id", string())],
+                &["work", "return_message_id"],
+            ),
+            return_work,
+        ),
+        entry::<CloseArgs>(
+            "close_work",
+            "Close work",
+            Idempotent,
+            "Close work you gave: accepted, revision or blocked.",
+            work(),
+            close_work,
+        ),
+        entry::<StatusArgs>(
+            "handoff_status",
+            "Delivery status",
+            Read,
+            "One delivery with its history, or the overview: in flight, needs attention, recent.",
+            {
+                let mut o = object(
+                    &[
+                        ("delivery", of_type("object")),
+                        ("overview", of_type("object")),
+                    ],
+                    &[],
+                );
+                o["anyOf"] = json!([{ "required": ["delivery"] }, { "required": ["overview"] }]);
+                o
+            },
+            |s, _, a| match &a.id {
+                Some(id) => Ok(json!({ "delivery": s.service().delivery(id)? })),
+                None => Ok(json!({ "overview": s.service().overview(20)? })),
+            },
+        ),
+        entry::<NoArgs>(
+            "list_agents",
+            "List agents",
+            Read,
+            "The registered agents you can hand off to.",
+            object(
+                &[("you", string()), ("agents", array(of_type("object")))],
+                &["you", "agents"],
+            ),
+            list_agents,
+        ),
+        described::<WaitArgs>(
+            "wait_for_messages",
+            "Wait for messages",
+            Read,
+            "Wait (at most 50 s) until you have an unread message; returns at once if you already do.",
+            object(
+                &[
+                    ("timed_out", of_type("boolean")),
+                    ("messages", array(message_summary())),
+                ],
+                &["timed_out", "messages"],
+            ),
+        ),
+    ]
+}
+
+/// The workspace's task ledger.
+fn task_tools() -> Vec<ToolDef> {
+    use Kind::{Idempotent, Read, Write};
+    let task = || object(&[("task", of_type("object"))], &["task"]);
+    vec![
+        entry::<CreateTaskArgs>(
+            "create_handoff",
+            "Create a task brief",
+            Write,
+            "Create a task brief in this workspace's ledger, with a finite handoff budget.",
+            task(),
+            create_handoff,
+        ),
+        entry::<ClaimArgs>(
+            "claim_handoff",
+            "Claim a task",
+            Write,
+            "Take the workspace's one writer lease for a task (default 90 minutes). Returns the lease token.",
+            object(
+                &[("task", of_type("object")), ("lease", of_type("object"))],
+                &["task", "lease"],
+            ),
+            claim_handoff,
+        ),
+        entry::<RenewArgs>(
+            "renew_handoff",
+            "Renew a lease",
+            Idempotent,
+            "Extend your lease on a task.",
+            object(&[("lease", of_type("object"))], &["lease"]),
+            renew_handoff,
+        ),
+        entry::<PassArgs>(
+            "pass_handoff",
+            "Pass a task on",
+            Write,
+            "Record your summary, next action and changed files, release the lease and queue the task for another agent; spends one handoff.",
+            object(
+                &[
+                    ("task", of_type("object")),
+                    ("handoffs_left", of_type("integer")),
+                    ("notice", json!({ "type": ["object", "string"] })),
+                ],
+                &["task", "handoffs_left", "notice"],
+            ),
+            pass_handoff,
+        ),
+        entry::<CompleteArgs>(
+            "complete_handoff",
+            "Complete a task",
+            Idempotent,
+            "Mark your task done and release the lease.",
+            task(),
+            complete_handoff,
+        ),
+        entry::<TaskIdArgs>(
+            "show_handoff",
+            "Show a task",
+            Read,
+            "A task brief with its history.",
+            object(
+                &[
+                    ("task", of_type("object")),
+                    ("events", array(of_type("object"))),
+                    ("lease", maybe("object")),
+                ],
+                &["task", "events", "lease"],
+            ),
+            |s, _, a| {
+                let d = s.with_ledger(|l| l.show(&a.task_id))?;
+                Ok(serde_json::to_value(&d).unwrap_or_default())
+            },
+        ),
+        entry::<ListTasksArgs>(
+            "list_handoffs",
+            "List tasks",
+            Read,
+            "Task briefs in this workspace, newest first.",
+            object(&[("tasks", array(of_type("object")))], &["tasks"]),
+            |s, _, a| {
+                let t = s.with_ledger(|l| l.list(a.state.as_deref(), a.limit.unwrap_or(50)))?;
+                Ok(json!({ "tasks": t }))
+            },
+        ),
+    ]
+}
+
+/// The project memory (only with `--context-library`).
+fn context_tools() -> Vec<ToolDef> {
+    use Kind::{Read, Write};
+    let record = || object(&[("record", of_type("object"))], &["record"]);
+    vec![
+        entry::<BriefArgs>(
+            "context_brief",
+            "Project memory brief",
+            Read,
+            "A bounded brief of the project's current memory records.",
+            object(
+                &[
+                    ("text", string()),
+                    ("included", of_type("integer")),
+                    ("omitted", of_type("integer")),
+                    ("truncated", of_type("boolean")),
+                ],
+                &["text", "included", "omitted", "truncated"],
+            ),
+            |s, _, a| {
+                let b = s
+                    .library()?
+                    .brief(a.max_chars.unwrap_or(crate::context::BRIEF_DEFAULT))?;
+                Ok(serde_json::to_value(&b).unwrap_or_default())
+            },
+        ),
+        entry::<SearchArgs>(
+            "context_search",
+            "Search project memory",
+            Read,
+            "Records matching every word of the query, best first.",
+            object(&[("hits", array(of_type("object")))], &["hits"]),
+            |s, _, a| {
+                let hits = s.library()?.search(
+                    &a.query,
+                    a.limit.unwrap_or(10),
+                    a.include_superseded.unwrap_or(false),
+                )?;
+                Ok(json!({ "hits": hits }))
+            },
+        ),
+        entry::<IdArgs>(
+            "context_get",
+            "Get a memory record",
+            Read,
+            "One record in full.",
+            record(),
+            |s, _, a| Ok(json!({ "record": s.library()?.get(&a.id)? })),
+        ),
+        entry::<RecordArgs>(
+            "context_record",
+            "Record project memory",
+            Write,
+            "Add a Markdown record, authored by you.",
+            record(),
+            |s, me, a| {
+                let r = s.library()?.record(
+                    me,
+                    &a.title,
+                    &a.body,
+                    a.tags.as_deref().unwrap_or(&[]),
+                    None,
+                )?;
+                Ok(json!({ "record": r }))
+            },
+        ),
+        entry::<SupersedeArgs>(
+            "context_supersede",
+            "Supersede a memory record",
+            Write,
+            "Replace a record with a new one; the old one stays, marked superseded.",
+            record(),
+            |s, me, a| {
+                let r = s.library()?.supersede(
+                    me,
+                    &a.id,
+                    a.title.as_deref(),
+                    &a.body,
+                    a.tags.as_deref(),
+                )?;
+                Ok(json!({ "record": r }))
+            },
+        ),
+        entry::<NoArgs>(
+            "context_status",
+            "Project memory status",
+            Read,
+            "How many records, by whom, how recent.",
+            object(
+                &[
+                    ("dir", string()),
+                    ("records", of_type("integer")),
+                    ("current", of_type("integer")),
+                    ("superseded", of_type("integer")),
+                    ("authors", array(string())),
+                    ("newest", maybe("string")),
+                    ("bytes", of_type("integer")),
+                ],
+                &["records", "current", "superseded"],
+            ),
+            |s, _, _| Ok(serde_json::to_value(s.library()?.status()?).unwrap_or_default()),
+        ),
+    ]
+}
+
+// ----- handlers -----
+
+fn send_handoff(s: &McpServer, me: &str, a: &SendArgs) -> ToolResult {
+    let sent = s.service().send(
+        me,
+        &a.to,
+        &a.message,
+        a.title.as_deref(),
+        a.due_minutes,
+        a.key.as_deref(),
+    )?;
+    let mut v = json!({
+        "id": sent.message.id,
+        "to": sent.message.recipient,
+        "kind": sent.message.kind,
+        "created": sent.created,
+        "delivery_state": sent.delivery_state,
+    });
+    if let Some(w) = s.engine_warning() {
+        v["warning"] = json!(w);
+    }
+    Ok(v)
+}
+
+fn inbox(s: &McpServer, me: &str, a: &InboxArgs) -> ToolResult {
+    let limit = a.limit.unwrap_or(50);
+    if !(1..=500).contains(&limit) {
+        return Err(ToolError("limit must be 1 to 500".to_owned()));
+    }
+    let all = !a.unread_only.unwrap_or(true);
+    let msgs = s.service().inbox(me, all, limit)?;
+    Ok(json!({ "messages": msgs.iter().map(summary_of).collect::<Vec<_>>() }))
+}
+
+fn read_message(s: &McpServer, me: &str, a: &IdArgs) -> ToolResult {
+    let m = s.service().read(&a.id, me)?;
+    Ok(message_of(&m))
+}
+
+fn return_work(s: &McpServer, me: &str, a: &ReturnArgs) -> ToolResult {
+    let (w, ret) = s.service().return_work(
+        &a.id,
+        me,
+        &a.summary,
+        a.evidence.as_deref(),
+        a.blocked.unwrap_or(false),
+    )?;
+    Ok(json!({ "work": w, "return_message_id": ret.id }))
+}
+
+fn close_work(s: &McpServer, me: &str, a: &CloseArgs) -> ToolResult {
+    let outcome: Outcome = a.outcome.parse().map_err(ToolError)?;
+    let w = s.service().close(&a.id, me, outcome, a.note.as_deref())?;
+    Ok(json!({ "work": w }))
+}
+
+fn list_agents(s: &McpServer, me: &str, _: &NoArgs) -> ToolResult {
+    let agents = s.service().agents()?;
+    Ok(json!({
+        "you": me,
+        "agents": agents.iter().map(|a| json!({
+            "id": a.id, "name": a.name, "provider": a.provider, "you": a.id == me,
+        })).collect::<Vec<_>>(),
+    }))
+}
+
+fn create_handoff(s: &McpServer, me: &str, a: &CreateTaskArgs) -> ToolResult {
+    if let Some(t) = &a.target_agent {
+        s.service().check_registered(t)?;
+    }
+    let t = s.with_ledger(|l| {
+        l.create(
+            me,
+            &a.title,
+            &a.goal,
+            a.constraints.as_deref(),
+            a.target_agent.as_deref(),
+            a.handoff_cap,
+        )
+    })?;
+    Ok(json!({ "task": t }))
+}
+
+fn claim_handoff(s: &McpServer, me: &str, a: &ClaimArgs) -> ToolResult {
+    let c = s.with_ledger(|l| l.claim(me, &a.task_id, a.lease_minutes))?;
+    s.remember_lease(&c.task.id, &c.lease.token);
+    Ok(serde_json::to_value(&c).unwrap_or_default())
+}
+
+fn renew_handoff(s: &McpServer, me: &str, a: &RenewArgs) -> ToolResult {
+    let token = s.token(&a.task_id, a.lease_token.clone())?;
+    let l = s.with_ledger(|l| l.renew(me, &a.task_id, &token, a.lease_minutes))?;
+    Ok(json!({ "lease": l }))
+}
+
+fn pass_handoff(s: &McpServer, me: &str, a: &PassArgs) -> ToolResult {
+    let token = s.token(&a.task_id, a.lease_token.clone())?;
+    let pass = crate::service::tasks::Pass {
+        task_id: &a.task_id,
+        token: &token,
+        summary: &a.summary,
+        next_action: &a.next_action,
+        changed_files: a.changed_files.as_deref().unwrap_or(&[]),
+        target: &a.target_agent,
+    };
+    let mut service = s.service();
+    let p =
+        s.with_ledger(|l| crate::service::tasks::pass_task(Some(&mut service), l, me, &pass))?;
+    Ok(serde_json::to_value(&p).unwrap_or_default())
+}
+
+fn complete_handoff(s: &McpServer, me: &str, a: &CompleteArgs) -> ToolResult {
+    let token = s.token(&a.task_id, a.lease_token.clone())?;
+    let t = s.with_ledger(|l| {
+        l.complete(
+            me,
+            &a.task_id,
+            &token,
+            a.summary.as_deref(),
+            a.changed_files.as_deref().unwrap_or(&[]),
+        )
+    })?;
+    Ok(json!({ "task": t }))
+}

@@ -1,0 +1,303 @@
+//! Supervised runs, Claude channels and their cards (the run records adapters keep).
+
+use super::{OptionalExtension, Result, Tx, params};
+
+/// One supervised command run (the argv adapter's durable history).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct RunRow {
+    pub request_id: String,
+    pub message_id: String,
+    pub agent: String,
+    pub pid: Option<i64>,
+    pub started_at: i64,
+    pub ends_at: Option<i64>,
+    pub ended_at: Option<i64>,
+    pub exit_code: Option<i64>,
+    /// NULL while running; `returned`, `errored`, `refused`.
+    pub outcome: Option<String>,
+    pub detail: Option<String>,
+}
+
+/// A channel listener: a `handoffs mcp --channels` process inside a Claude session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChannelRow {
+    pub pid: i64,
+    pub agent: String,
+    pub session: String,
+    /// The Claude process that started it (its parent).
+    pub claude_pid: i64,
+    pub opened_at: i64,
+}
+
+/// A card a channel listener pushes into its session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PushRow {
+    pub request_id: String,
+    pub listener: i64,
+    /// The session the card is for: pushed only while the listener's Claude has it open.
+    pub session: String,
+    /// That Claude process: the card's turn lives while it holds the session.
+    pub claude_pid: i64,
+    pub content: String,
+    /// JSON object of string values: the notification's `meta`.
+    pub meta: String,
+    pub created_at: i64,
+    pub pushed_at: Option<i64>,
+}
+
+pub(super) fn run_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRow> {
+    Ok(RunRow {
+        request_id: r.get(0)?,
+        message_id: r.get(1)?,
+        agent: r.get(2)?,
+        pid: r.get(3)?,
+        started_at: r.get(4)?,
+        ends_at: r.get(5)?,
+        ended_at: r.get(6)?,
+        exit_code: r.get(7)?,
+        outcome: r.get(8)?,
+        detail: r.get(9)?,
+    })
+}
+
+pub(super) fn channel_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<ChannelRow> {
+    Ok(ChannelRow {
+        pid: r.get(0)?,
+        agent: r.get(1)?,
+        session: r.get(2)?,
+        claude_pid: r.get(3)?,
+        opened_at: r.get(4)?,
+    })
+}
+
+pub(super) fn push_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<PushRow> {
+    Ok(PushRow {
+        request_id: r.get(0)?,
+        listener: r.get(1)?,
+        session: r.get(2)?,
+        claude_pid: r.get(3)?,
+        content: r.get(4)?,
+        meta: r.get(5)?,
+        created_at: r.get(6)?,
+        pushed_at: r.get(7)?,
+    })
+}
+
+pub(super) const RUN_COLS: &str =
+    "request_id, message_id, agent, pid, started_at, ends_at, ended_at, exit_code, outcome, detail";
+
+impl Tx<'_> {
+    pub fn insert_run(&self, r: &RunRow) -> Result<()> {
+        self.tx.execute(
+            &format!(
+                "INSERT INTO runs ({RUN_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+            ),
+            params![
+                r.request_id,
+                r.message_id,
+                r.agent,
+                r.pid,
+                r.started_at,
+                r.ends_at,
+                r.ended_at,
+                r.exit_code,
+                r.outcome,
+                r.detail
+            ],
+        )?;
+        Ok(())
+    }
+
+    pub fn run(&self, request_id: &str) -> Result<Option<RunRow>> {
+        Ok(self
+            .tx
+            .prepare_cached(&format!(
+                "SELECT {RUN_COLS} FROM runs WHERE request_id = ?1"
+            ))?
+            .query_row([request_id], run_from)
+            .optional()?)
+    }
+
+    /// Forgets a refused run (it never ran), so a retry with the same request id can run.
+    pub fn forget_refused_run(&self, request_id: &str) -> Result<()> {
+        self.tx.execute(
+            "DELETE FROM runs WHERE request_id = ?1 AND outcome = 'refused'",
+            [request_id],
+        )?;
+        Ok(())
+    }
+
+    /// Notes that the run's supervisor left it open (nobody could tell how its write ended).
+    pub fn leave_run_open(&self, request_id: &str, at: i64) -> Result<()> {
+        self.tx.execute(
+            "UPDATE runs SET left_open_at = ?2 WHERE request_id = ?1 AND outcome IS NULL",
+            params![request_id, at],
+        )?;
+        Ok(())
+    }
+
+    /// When the run's supervisor left it open, and since when its message was seen nowhere.
+    pub fn run_marks(&self, request_id: &str) -> Result<(Option<i64>, Option<i64>)> {
+        Ok(self
+            .tx
+            .prepare_cached("SELECT left_open_at, missing_since FROM runs WHERE request_id = ?1")?
+            .query_row([request_id], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?
+            .unwrap_or((None, None)))
+    }
+
+    /// Notes since when an open run's message was seen nowhere (kept from the first look).
+    pub fn mark_run_missing(&self, request_id: &str, at: i64) -> Result<()> {
+        self.tx.execute(
+            "UPDATE runs SET missing_since = coalesce(missing_since, ?2)
+             WHERE request_id = ?1 AND outcome IS NULL",
+            params![request_id, at],
+        )?;
+        Ok(())
+    }
+
+    /// Records the pid of a run's command once it started.
+    pub fn set_run_pid(&self, request_id: &str, pid: i64) -> Result<()> {
+        self.tx.execute(
+            "UPDATE runs SET pid = ?2 WHERE request_id = ?1",
+            params![request_id, pid],
+        )?;
+        Ok(())
+    }
+
+    /// Registers a channel listener (a `handoffs mcp --channels` process).
+    pub fn open_channel(&self, c: &ChannelRow) -> Result<()> {
+        self.tx.execute(
+            "INSERT OR REPLACE INTO channels (pid, agent, session, claude_pid, opened_at)
+             VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![c.pid, c.agent, c.session, c.claude_pid, c.opened_at],
+        )?;
+        Ok(())
+    }
+
+    pub fn close_channel(&self, pid: i64) -> Result<()> {
+        self.tx
+            .execute("DELETE FROM channels WHERE pid = ?1", [pid])?;
+        Ok(())
+    }
+
+    /// The channel listeners registered for an agent's session, newest first.
+    pub fn channels_for(&self, agent: &str, session: &str) -> Result<Vec<ChannelRow>> {
+        let mut st = self.tx.prepare_cached(
+            "SELECT pid, agent, session, claude_pid, opened_at FROM channels
+             WHERE agent = ?1 AND session = ?2 ORDER BY opened_at DESC",
+        )?;
+        let rows = st.query_map([agent, session], channel_from)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    pub fn channel(&self, pid: i64) -> Result<Option<ChannelRow>> {
+        Ok(self
+            .tx
+            .prepare_cached(
+                "SELECT pid, agent, session, claude_pid, opened_at FROM channels WHERE pid = ?1",
+            )?
+            .query_row([pid], channel_from)
+            .optional()?)
+    }
+
+    /// A card for a channel listener to push.
+    pub fn insert_push(&self, p: &PushRow) -> Result<()> {
+        self.tx.execute(
+            "INSERT INTO channel_pushes
+               (request_id, listener, session, claude_pid, content, meta, created_at, pushed_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            params![
+                p.request_id,
+                p.listener,
+                p.session,
+                p.claude_pid,
+                p.content,
+                p.meta,
+                p.created_at,
+                p.pushed_at
+            ],
+        )?;
+        Ok(())
+    }
+
+    pub fn push(&self, request_id: &str) -> Result<Option<PushRow>> {
+        Ok(self
+            .tx
+            .prepare_cached(
+                "SELECT request_id, listener, session, claude_pid, content, meta, created_at,
+                        pushed_at
+                 FROM channel_pushes WHERE request_id = ?1",
+            )?
+            .query_row([request_id], push_from)
+            .optional()?)
+    }
+
+    /// The cards waiting for a listener, oldest first.
+    pub fn waiting_pushes(&self, listener: i64) -> Result<Vec<PushRow>> {
+        let mut st = self.tx.prepare_cached(
+            "SELECT request_id, listener, session, claude_pid, content, meta, created_at, pushed_at
+             FROM channel_pushes WHERE listener = ?1 AND pushed_at IS NULL ORDER BY created_at",
+        )?;
+        let rows = st.query_map([listener], push_from)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// Takes a waiting card for pushing: marks it pushed and records the listener as the
+    /// run's receipt. False when it was taken back (or taken) already.
+    pub fn take_push(&self, request_id: &str, listener: i64, at: i64) -> Result<bool> {
+        let changed = self.tx.execute(
+            "UPDATE channel_pushes SET pushed_at = ?3
+             WHERE request_id = ?1 AND listener = ?2 AND pushed_at IS NULL",
+            params![request_id, listener, at],
+        )?;
+        if changed > 0 {
+            self.tx.execute(
+                "UPDATE runs SET pid = ?2 WHERE request_id = ?1",
+                params![request_id, listener],
+            )?;
+        }
+        Ok(changed > 0)
+    }
+
+    /// Takes back a card no listener took: false when it was pushed meanwhile.
+    pub fn withdraw_push(&self, request_id: &str) -> Result<bool> {
+        let changed = self.tx.execute(
+            "DELETE FROM channel_pushes WHERE request_id = ?1 AND pushed_at IS NULL",
+            [request_id],
+        )?;
+        Ok(changed > 0)
+    }
+
+    pub fn open_runs_for(&self, agent: &str) -> Result<Vec<RunRow>> {
+        let mut st = self.tx.prepare_cached(&format!(
+            "SELECT {RUN_COLS} FROM runs WHERE agent = ?1 AND outcome IS NULL ORDER BY started_at"
+        ))?;
+        let rows = st.query_map([agent], run_from)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    pub fn finish_run(
+        &self,
+        request_id: &str,
+        at: i64,
+        exit_code: Option<i64>,
+        outcome: &str,
+        detail: Option<&str>,
+    ) -> Result<()> {
+        let changed = self.tx.execute(
+            "UPDATE runs SET ended_at = ?2, exit_code = ?3, outcome = ?4, detail = ?5
+             WHERE request_id = ?1 AND outcome IS NULL",
+            params![request_id, at, exit_code, outcome, detail],
+        )?;
+        if changed > 0 {
+            // The run's delivery is due at once: a running engine notices the commit.
+            self.tx.execute(
+                "UPDATE deliveries SET due_at = ?2 WHERE message_id =
+                   (SELECT message_id FROM runs WHERE request_id = ?1) AND class = 'active'",
+                params![request_id, at],
+            )?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,121 @@
+//! Work contracts and their reminders.
+
+use super::{OPEN_WORK, OptionalExtension, Result, Tx, WorkState, params};
+
+/// A work contract.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct WorkRow {
+    pub id: String,
+    pub sender: String,
+    pub recipient: String,
+    pub title: String,
+    pub state: WorkState,
+    pub due_at: Option<i64>,
+    pub reminded_at: Option<i64>,
+    pub summary: Option<String>,
+    pub evidence: Option<String>,
+    pub outcome: Option<String>,
+    pub note: Option<String>,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+pub(super) fn work_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<WorkRow> {
+    Ok(WorkRow {
+        id: r.get(0)?,
+        sender: r.get(1)?,
+        recipient: r.get(2)?,
+        title: r.get(3)?,
+        state: {
+            let text: String = r.get(4)?;
+            text.parse().map_err(|e: String| {
+                rusqlite::Error::FromSqlConversionFailure(4, rusqlite::types::Type::Text, e.into())
+            })?
+        },
+        due_at: r.get(5)?,
+        reminded_at: r.get(6)?,
+        summary: r.get(7)?,
+        evidence: r.get(8)?,
+        outcome: r.get(9)?,
+        note: r.get(10)?,
+        created_at: r.get(11)?,
+        updated_at: r.get(12)?,
+    })
+}
+
+pub(super) const WORK_COLS: &str = "id, sender, recipient, title, state, due_at, reminded_at, summary, evidence, outcome, note, created_at, updated_at";
+
+/// Open work: in all, overdue, and per recipient.
+pub type WorkCounts = (i64, i64, Vec<(String, i64)>);
+
+/// When one piece of work was sent, accepted and returned (ms).
+pub type WorkTimes = (i64, Option<i64>, Option<i64>);
+
+impl Tx<'_> {
+    pub fn insert_work(&self, w: &WorkRow) -> Result<()> {
+        self.tx.execute(
+            &format!("INSERT INTO work ({WORK_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"),
+            params![
+                w.id, w.sender, w.recipient, w.title, w.state.as_str(), w.due_at, w.reminded_at, w.summary,
+                w.evidence, w.outcome, w.note, w.created_at, w.updated_at
+            ],
+        )?;
+        Ok(())
+    }
+
+    pub fn work(&self, id: &str) -> Result<Option<WorkRow>> {
+        Ok(self
+            .tx
+            .prepare_cached(&format!("SELECT {WORK_COLS} FROM work WHERE id = ?1"))?
+            .query_row([id], work_from)
+            .optional()?)
+    }
+
+    pub fn update_work(&self, w: &WorkRow) -> Result<()> {
+        self.tx.execute(
+            "UPDATE work SET state = ?2, reminded_at = ?3, summary = ?4, evidence = ?5,
+               outcome = ?6, note = ?7, updated_at = ?8 WHERE id = ?1",
+            params![
+                w.id,
+                w.state.as_str(),
+                w.reminded_at,
+                w.summary,
+                w.evidence,
+                w.outcome,
+                w.note,
+                w.updated_at
+            ],
+        )?;
+        Ok(())
+    }
+
+    pub fn open_work(&self, limit: i64) -> Result<Vec<WorkRow>> {
+        let mut st = self.tx.prepare_cached(&format!(
+            "SELECT {WORK_COLS} FROM work WHERE state != 'closed' ORDER BY created_at LIMIT ?1"
+        ))?;
+        let rows = st.query_map([limit], work_from)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// Work past its due time, not returned, not yet reminded.
+    pub fn overdue_unreminded(&self, now: i64) -> Result<Vec<WorkRow>> {
+        let mut st = self.tx.prepare_cached(&format!(
+            "SELECT {WORK_COLS} FROM work
+             WHERE due_at IS NOT NULL AND due_at <= ?1 AND reminded_at IS NULL
+               AND {OPEN_WORK} ORDER BY due_at"
+        ))?;
+        let rows = st.query_map([now], work_from)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// When the next reminder falls due: the earliest due time of open, unreminded work.
+    pub fn next_reminder_at(&self) -> Result<Option<i64>> {
+        Ok(self
+            .tx
+            .prepare_cached(&format!(
+                "SELECT min(due_at) FROM work
+                 WHERE due_at IS NOT NULL AND reminded_at IS NULL AND {OPEN_WORK}"
+            ))?
+            .query_row([], |r| r.get(0))?)
+    }
+}
