@@ -59,7 +59,7 @@ fn top_module(rel: &str) -> Option<String> {
 fn is_cfg_test(attrs: &[syn::Attribute]) -> bool {
     attrs.iter().any(|a| {
         a.path().is_ident("cfg")
-            && matches!(&a.meta, syn::Meta::List(l) if l.tokens.to_string().contains("test"))
+            && matches!(&a.meta, syn::Meta::List(l) if l.tokens.to_string().trim() == "test")
     })
 }
 
@@ -76,8 +76,15 @@ struct Facts {
     literals: Vec<String>,
     /// Free functions and consts defined here, by name.
     defined: BTreeSet<String>,
-    /// The last segment of every path named here (`ENGINE_QUIET_MS`, `engine_health`, …).
+    /// The last segment of every path named here (`ENGINE_QUIET_MS`, `engine_health`, …),
+    /// and every identifier inside a macro's tokens.
     named: BTreeSet<String>,
+    /// Every path, as its segments joined by `::` (`crate::store::Store`, `rusqlite::params`).
+    paths: BTreeSet<String>,
+    /// `use crate::*` or `use super::*` reaching past the file's own module.
+    globs: BTreeSet<String>,
+    /// An or-pattern naming both `Assigned` and `Accepted`: "work is open" spelled again.
+    open_work_pattern: bool,
 }
 
 impl<'ast> Visit<'ast> for Facts {
@@ -109,22 +116,36 @@ impl<'ast> Visit<'ast> for Facts {
         syn::visit::visit_item_const(self, c);
     }
 
-    fn visit_use_tree(&mut self, tree: &'ast syn::UseTree) {
-        if let syn::UseTree::Path(p) = tree
+    fn visit_item_use(&mut self, u: &'ast syn::ItemUse) {
+        let mut prefix = Vec::new();
+        self.use_paths(&u.tree, &mut prefix);
+        if let syn::UseTree::Path(p) = &u.tree
             && p.ident == "crate"
         {
             let mut names = Vec::new();
             first_names(&p.tree, &mut names);
             self.crate_refs.extend(names);
-            return;
         }
-        syn::visit::visit_use_tree(self, tree);
+    }
+
+    /// Macro bodies are tokens to `syn`: their identifiers and string literals count too
+    /// (SQL in `format!`, a call inside `json!`).
+    fn visit_macro(&mut self, m: &'ast syn::Macro) {
+        self.tokens(m.tokens.clone());
+        syn::visit::visit_macro(self, m);
     }
 
     fn visit_path(&mut self, path: &'ast syn::Path) {
         if let Some(last) = path.segments.last() {
             self.named.insert(last.ident.to_string());
         }
+        self.paths.insert(
+            path.segments
+                .iter()
+                .map(|s| s.ident.to_string())
+                .collect::<Vec<_>>()
+                .join("::"),
+        );
         let mut segments = path.segments.iter();
         if let (Some(first), Some(second)) = (segments.next(), segments.next())
             && first.ident == "crate"
@@ -137,6 +158,22 @@ impl<'ast> Visit<'ast> for Facts {
     fn visit_expr_method_call(&mut self, call: &'ast syn::ExprMethodCall) {
         self.method_calls.insert(call.method.to_string());
         syn::visit::visit_expr_method_call(self, call);
+    }
+
+    fn visit_pat_or(&mut self, p: &'ast syn::PatOr) {
+        let names: BTreeSet<String> = p
+            .cases
+            .iter()
+            .filter_map(|c| match c {
+                syn::Pat::Path(pp) => pp.path.segments.last().map(|s| s.ident.to_string()),
+                syn::Pat::Ident(i) => Some(i.ident.to_string()),
+                _ => None,
+            })
+            .collect();
+        if names.contains("Assigned") && names.contains("Accepted") {
+            self.open_work_pattern = true;
+        }
+        syn::visit::visit_pat_or(self, p);
     }
 
     fn visit_lit_str(&mut self, lit: &'ast syn::LitStr) {
@@ -155,6 +192,82 @@ fn first_names(tree: &syn::UseTree, out: &mut Vec<String>) {
 }
 
 impl Facts {
+    fn use_paths(&mut self, tree: &syn::UseTree, prefix: &mut Vec<String>) {
+        match tree {
+            syn::UseTree::Path(p) => {
+                prefix.push(p.ident.to_string());
+                self.use_paths(&p.tree, prefix);
+                prefix.pop();
+            }
+            syn::UseTree::Name(n) => {
+                let mut full = prefix.clone();
+                full.push(n.ident.to_string());
+                self.paths.insert(full.join("::"));
+                self.named.insert(n.ident.to_string());
+            }
+            syn::UseTree::Rename(r) => {
+                let mut full = prefix.clone();
+                full.push(r.ident.to_string());
+                self.paths.insert(full.join("::"));
+                self.named.insert(r.ident.to_string());
+            }
+            syn::UseTree::Group(g) => g.items.iter().for_each(|t| self.use_paths(t, prefix)),
+            syn::UseTree::Glob(_) => {
+                self.globs.insert(prefix.join("::"));
+                self.paths.insert(prefix.join("::"));
+            }
+        }
+    }
+
+    fn tokens(&mut self, stream: proc_macro2::TokenStream) {
+        use proc_macro2::{Delimiter, TokenTree};
+        let trees: Vec<TokenTree> = stream.into_iter().collect();
+        // `crate` then `::` (two puncts) then a name: a path into a top-level module.
+        let mut after_crate = 0;
+        let mut or_names = BTreeSet::new();
+        let mut has_bar = false;
+        for (i, tree) in trees.iter().enumerate() {
+            after_crate = match tree {
+                TokenTree::Ident(id) if id == "crate" => 1,
+                TokenTree::Punct(p) if p.as_char() == ':' && after_crate > 0 => after_crate + 1,
+                TokenTree::Ident(id) if after_crate == 3 => {
+                    self.crate_refs.insert(id.to_string());
+                    0
+                }
+                _ => 0,
+            };
+            match tree {
+                TokenTree::Group(g) => self.tokens(g.stream()),
+                TokenTree::Ident(id) => {
+                    let name = id.to_string();
+                    // `. name (`: a method call.
+                    let after_dot =
+                        i > 0 && matches!(&trees[i - 1], TokenTree::Punct(p) if p.as_char() == '.');
+                    let called = matches!(
+                        trees.get(i + 1),
+                        Some(TokenTree::Group(g)) if g.delimiter() == Delimiter::Parenthesis
+                    );
+                    if after_dot && called {
+                        self.method_calls.insert(name.clone());
+                    }
+                    if name == "Assigned" || name == "Accepted" {
+                        or_names.insert(name.clone());
+                    }
+                    self.named.insert(name);
+                }
+                TokenTree::Literal(l) => {
+                    if let Ok(lit) = syn::parse_str::<syn::LitStr>(&l.to_string()) {
+                        self.literals.push(lit.value());
+                    }
+                }
+                TokenTree::Punct(p) => has_bar |= p.as_char() == '|',
+            }
+        }
+        if or_names.len() == 2 && has_bar {
+            self.open_work_pattern = true;
+        }
+    }
+
     fn measure(&mut self, name: &syn::Ident, span: proc_macro2::Span) {
         let lines = span.end().line - span.start().line + 1;
         if lines > FUNCTION_LINES_MAX {
@@ -235,40 +348,152 @@ fn top_level_modules_import_each_other_without_a_cycle() {
     }
 }
 
-#[test]
-fn fronts_never_open_the_store_nor_read_sql() {
-    let sql = [
-        "SELECT ",
-        "INSERT INTO",
-        "UPDATE ",
-        "DELETE FROM",
-        "BEGIN IMMEDIATE",
-    ];
+/// Whether a string holds SQL (any case): a statement's keywords in their order.
+fn is_sql(text: &str) -> bool {
+    let t = text.to_ascii_lowercase();
+    let has = |a: &str, b: &str| t.find(a).is_some_and(|i| t[i..].contains(b));
+    t.contains("insert into")
+        || t.contains("delete from")
+        || t.contains("begin immediate")
+        || t.contains("pragma ")
+        || has("select ", " from ")
+        || has("update ", " set ")
+}
+
+/// What breaks "fronts never open the store nor read SQL" in the front file `rel`.
+fn front_problems(rel: &str, f: &Facts) -> Vec<String> {
     let mut problems = Vec::new();
-    for (rel, f) in facts() {
-        if !rel.starts_with("front/") {
-            continue;
-        }
-        if f.crate_refs.contains("store") {
-            problems.push(format!("{rel} imports crate::store"));
-        }
-        for m in ["runs", "store_mut"] {
-            if f.method_calls.contains(m) {
-                problems.push(format!(
-                    "{rel} calls .{m}(), the delivery side's store access"
-                ));
-            }
-        }
-        for lit in &f.literals {
-            if sql.iter().any(|k| lit.contains(k)) {
-                problems.push(format!("{rel} holds SQL: {lit:?}"));
-            }
+    if f.crate_refs.contains("store") {
+        problems.push(format!("{rel} imports crate::store"));
+    }
+    for path in &f.paths {
+        let segments: Vec<&str> = path.split("::").collect();
+        let store_below_root = segments
+            .windows(2)
+            .any(|w| matches!(w[0], "crate" | "super") && w[1] == "store");
+        if store_below_root || segments.first() == Some(&"rusqlite") {
+            problems.push(format!("{rel} names {path}"));
         }
     }
+    for glob in &f.globs {
+        if glob == "crate" || glob.starts_with("super::super") {
+            problems.push(format!("{rel} imports everything of {glob}"));
+        }
+    }
+    if f.named.contains("store_mut") {
+        problems.push(format!(
+            "{rel} calls store_mut, the delivery side's store access"
+        ));
+    }
+    if f.method_calls.contains("runs") {
+        problems.push(format!("{rel} calls .runs(), the adapters' run records"));
+    }
+    for lit in &f.literals {
+        if is_sql(lit) {
+            problems.push(format!("{rel} holds SQL: {lit:?}"));
+        }
+    }
+    problems
+}
+
+#[test]
+fn fronts_never_open_the_store_nor_read_sql() {
+    let problems: Vec<String> = facts()
+        .iter()
+        .filter(|(rel, _)| rel.starts_with("front/"))
+        .flat_map(|(rel, f)| front_problems(rel, f))
+        .collect();
     assert!(
         problems.is_empty(),
         "fronts render, the service decides:\n{}",
         problems.join("\n")
+    );
+}
+
+/// Facts of one planted source text.
+fn facts_of(text: &str) -> Facts {
+    let mut f = Facts::default();
+    f.visit_file(&syn::parse_file(text).expect("planted source parses"));
+    f
+}
+
+#[test]
+fn planted_front_violations_are_each_caught() {
+    let planted = [
+        ("use crate::store::Store;", "imports crate::store"),
+        (
+            "fn f(s: &mut S) -> V { json!({ \"n\": s.store_mut().x() }) }",
+            "store_mut",
+        ),
+        ("fn f(s: &mut S) { Service::store_mut(s); }", "store_mut"),
+        ("fn f(h: &mut H) { h.runs(); }", ".runs()"),
+        (
+            "fn f() -> String { format!(\"select id from agents where x = {}\", 1) }",
+            "holds SQL",
+        ),
+        (
+            "const Q: &str = \"UPDATE work SET state = 'closed'\";",
+            "holds SQL",
+        ),
+        ("use crate::*;", "imports everything of crate"),
+        (
+            "fn f() -> V { json!({ \"s\": crate::store::millis(x) }) }",
+            "imports crate::store",
+        ),
+        (
+            "fn f() { let _ = super::super::store::millis; }",
+            "names super::super::store",
+        ),
+        ("fn f(c: &rusqlite::Connection) {}", "names rusqlite"),
+    ];
+    for (source, expected) in planted {
+        let problems = front_problems("front/planted.rs", &facts_of(source));
+        assert!(
+            problems.iter().any(|p| p.contains(expected)),
+            "{source:?} is not caught as {expected:?}: {problems:?}"
+        );
+    }
+    // Plain words are not SQL, and a field named `runs` is not the call.
+    assert!(!is_sql("select the agent to update"));
+    assert!(
+        front_problems(
+            "front/planted.rs",
+            &facts_of("fn f(r: &R) -> V { json!({ \"n\": r.runs }) }")
+        )
+        .is_empty()
+    );
+    // "Work is open" spelled as a pattern, in code or in a macro, is found.
+    for source in [
+        "fn f(s: S) -> bool { matches!(s, WorkState::Assigned | WorkState::Accepted) }",
+        "fn f(s: S) -> bool { match s { WorkState::Assigned | WorkState::Accepted => true, _ => false } }",
+    ] {
+        assert!(facts_of(source).open_work_pattern, "{source}");
+    }
+    assert!(
+        !facts_of("fn f(s: S) { if s == WorkState::Accepted { g(WorkState::Assigned) } }")
+            .open_work_pattern
+    );
+}
+
+#[test]
+fn planted_long_functions_and_test_code_are_told_apart() {
+    let body = "    let _ = 1;\n".repeat(FUNCTION_LINES_MAX);
+    let long = format!("fn long() {{\n{body}}}\n");
+    assert_eq!(
+        facts_of(&long).long_functions.len(),
+        1,
+        "a long function is caught"
+    );
+    let in_tests = format!("#[cfg(test)]\nmod tests {{\n{long}}}\n");
+    assert!(
+        facts_of(&in_tests).long_functions.is_empty(),
+        "test code is not counted"
+    );
+    let not_test = format!("#[cfg(not(test))]\nmod real {{\n{long}}}\n");
+    assert_eq!(
+        facts_of(&not_test).long_functions.len(),
+        1,
+        "cfg(not(test)) is not test code"
     );
 }
 
@@ -329,9 +554,11 @@ fn each_rule_has_one_home() {
     let open_work: Vec<&String> = all
         .iter()
         .filter(|(_, f)| {
-            f.literals
+            let literal = f
+                .literals
                 .iter()
-                .any(|l| l.contains("'assigned', 'accepted'") || l == "assigned")
+                .any(|l| l.contains("'assigned', 'accepted'") || l == "assigned");
+            literal || f.open_work_pattern
         })
         .map(|(r, _)| r)
         .collect();

@@ -46,13 +46,13 @@ fn usage_errors_exit_2() {
         &w,
         &["send", "a", "b", "hi", "--due-minutes", "5"],
         2,
-        "--title",
+        "needs --title",
     );
     assert_fails(
         &w,
         &["send", "a", "b", "hi", "--title", "t", "--due-minutes", "0"],
         2,
-        "1..=43200",
+        "1 to 43200",
     );
     assert_fails(
         &w,

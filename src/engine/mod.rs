@@ -224,6 +224,7 @@ impl Engine {
     }
 
     /// One bounded pass: housekeeping, then every due delivery once, recipients concurrently.
+    #[tracing::instrument(name = "pass", level = "debug", skip_all)]
     pub async fn pass(&mut self) -> PassReport {
         let started = Instant::now();
         let started_at = self.now();
@@ -281,7 +282,7 @@ impl Engine {
     /// a reminder fell due, or a minute passed; and at most once a second.
     fn housekeeping_if_due(&mut self, report: &mut PassReport) {
         let now = self.now();
-        let seen = self.service.borrow_mut().data_version().unwrap_or(0);
+        let seen = self.service.borrow().data_version().unwrap_or(0);
         let due = match self.last_housekeeping {
             None => true,
             Some(t) if now.since(t) < HOUSEKEEPING_INTERVAL_MS => false,
@@ -823,7 +824,7 @@ async fn write_now(
 /// Waits until another connection commits, or `deadline`.
 async fn watch(svc: &RefCell<Service>, seen: i64, deadline: tokio::time::Instant, every: Duration) {
     loop {
-        let version = svc.borrow_mut().data_version();
+        let version = svc.borrow().data_version();
         if version.unwrap_or(seen) != seen {
             return;
         }
@@ -860,7 +861,7 @@ impl Engine {
                 ));
             }
             // Read before looking: a commit by another connection meanwhile is noticed.
-            let seen = self.service.borrow_mut().data_version().unwrap_or(0);
+            let seen = self.service.borrow().data_version().unwrap_or(0);
             let looked = Instant::now();
             self.housekeeping_if_due(&mut report);
             self.dispatch(&mut jobs, &mut busy, &mut report, true, JOBS_MAX);

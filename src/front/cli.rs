@@ -79,7 +79,7 @@ pub enum Command {
         #[arg(long)]
         all: bool,
         /// At most this many, newest first (1 to 10000).
-        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(i64).range(1..=10_000))]
+        #[arg(long, default_value_t = 50)]
         limit: i64,
     },
     /// Show a message in full; marks it read when you are its recipient.
@@ -391,7 +391,7 @@ pub struct SendArgs {
     pub title: Option<String>,
     /// Work only: remind the sender if it is not returned within this many minutes (1 to
     /// 43200).
-    #[arg(long, requires = "title", value_parser = clap::value_parser!(i64).range(1..=43_200))]
+    #[arg(long)]
     pub due_minutes: Option<i64>,
     /// Idempotency key: a repeated send with the same key returns the first message.
     #[arg(long)]
@@ -1166,13 +1166,14 @@ fn engine_cmd(cli: &Cli, interval: Option<Duration>) -> Result<(), Failure> {
             Ok(())
         }
         Some(interval) => {
-            // Ctrl+C, SIGTERM (a service manager) and SIGHUP stop it alike: no new job,
-            // running ones get their grace; the exit code says which signal it was.
+            // Ctrl+C and SIGTERM (a service manager) stop it alike: no new job, running ones
+            // get their grace; the exit code says which signal it was. SIGHUP does not: an
+            // engine started with `nohup` outlives its terminal.
             let stopped_by = std::sync::Arc::new(std::sync::atomic::AtomicU8::new(0));
             let code = stopped_by.clone();
             tracing::info!(pid = std::process::id(), "engine started");
             rt.block_on(engine.run(interval, async move {
-                let signal = crate::front::live::stop_signal().await;
+                let signal = crate::front::live::stop_signal(false).await;
                 code.store(signal, std::sync::atomic::Ordering::SeqCst);
             }))
             .map_err(|message| Failure { code: 1, message })?;
@@ -1214,6 +1215,22 @@ fn config_cmd(cli: &Cli, key: Option<&str>, value: Option<&str>) -> Result<(), F
 }
 
 fn send_cmd(cli: &Cli, a: &SendArgs) -> Result<(), Failure> {
+    // The service checks these for every front, naming its API's fields; here they are
+    // said in this front's words, its flags.
+    match (a.due_minutes, &a.title) {
+        (Some(_), None) => {
+            return Err(usage(
+                "--due-minutes needs --title (only work has a due time)",
+            ));
+        }
+        (Some(m), _) if !(1..=crate::service::DUE_MINUTES_MAX).contains(&m) => {
+            return Err(usage(format!(
+                "--due-minutes must be 1 to {}",
+                crate::service::DUE_MINUTES_MAX
+            )));
+        }
+        _ => {}
+    }
     let body = if a.message == "-" {
         let mut buf = String::new();
         std::io::stdin()
@@ -1247,6 +1264,9 @@ fn send_cmd(cli: &Cli, a: &SendArgs) -> Result<(), Failure> {
 }
 
 fn inbox_cmd(cli: &Cli, agent: &str, all: bool, limit: i64) -> Result<(), Failure> {
+    if !(1..=10_000).contains(&limit) {
+        return Err(usage("--limit must be 1 to 10000"));
+    }
     let mut s = open(cli)?;
     let msgs = s.inbox(agent, all, limit)?;
     emit(cli, &msgs, || {

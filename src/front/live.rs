@@ -156,20 +156,29 @@ pub fn stop_code() -> u8 {
     STOPPED_BY.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// Waits for Ctrl+C, SIGTERM or SIGHUP; returns the exit code that says which (130, 143,
-/// 129). `serve`, `demo` and `run` all stop on any of them.
-pub async fn stop_signal() -> u8 {
+/// Waits for Ctrl+C or SIGTERM, and SIGHUP when `hangup` (`serve` and `demo` belong to a
+/// terminal; `run` may be started with `nohup` and must outlive it); returns the exit code
+/// that says which (130, 143, 129).
+pub async fn stop_signal(hangup: bool) -> u8 {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
-        if let (Ok(mut term), Ok(mut hup)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::hangup()),
-        ) {
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            let mut hup = if hangup {
+                signal(SignalKind::hangup()).ok()
+            } else {
+                None
+            };
+            let hung_up = async {
+                match hup.as_mut() {
+                    Some(h) => h.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
             return tokio::select! {
                 _ = tokio::signal::ctrl_c() => 130,
                 _ = term.recv() => 143,
-                _ = hup.recv() => 129,
+                _ = hung_up => 129,
             };
         }
     }
@@ -201,7 +210,10 @@ fn run_web(
     };
     let signals = stop.clone();
     rt.spawn(async move {
-        STOPPED_BY.store(stop_signal().await, std::sync::atomic::Ordering::Relaxed);
+        STOPPED_BY.store(
+            stop_signal(true).await,
+            std::sync::atomic::Ordering::Relaxed,
+        );
         signals.cancel();
     });
     let db = db.to_owned();

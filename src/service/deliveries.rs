@@ -33,7 +33,7 @@ impl Service {
         schedule: Schedule<'_>,
     ) -> Result<Committed> {
         let now = self.now();
-        self.store.write(|tx| {
+        let committed = self.store.write(|tx| -> Result<Committed> {
             let row = tx
                 .delivery(id)?
                 .ok_or_else(|| ServiceError::NotFound(format!("no delivery {id}")))?;
@@ -62,17 +62,8 @@ impl Service {
                 _ => false,
             };
             if by_person {
-                tracing::info!(delivery = id, detail = %step.record.detail(), "released by a person");
                 tx.event(millis(now), Some(id), "release", &step.record.detail())?;
             } else if let Change::Moved { from, to } = step.change {
-                tracing::info!(
-                    delivery = id,
-                    recipient = %row.recipient,
-                    %from,
-                    %to,
-                    detail = %step.record.detail(),
-                    "delivery moved"
-                );
                 tx.event(
                     millis(now),
                     Some(id),
@@ -86,6 +77,18 @@ impl Service {
                 tx.wake_recipient(&row.recipient, millis(now))?;
             }
             Ok(committed(step, agent))
-        })
+        })?;
+        // Said once it is committed: a step rolled back never shows as a move.
+        if let Change::Moved { from, to } = committed.change {
+            tracing::info!(
+                delivery = id,
+                recipient = %committed.record.core().target().agent,
+                %from,
+                %to,
+                detail = %committed.record.detail(),
+                "delivery moved"
+            );
+        }
+        Ok(committed)
     }
 }

@@ -369,7 +369,11 @@ impl Ledger {
     /// Opens (creating the schema if needed) a ledger file.
     pub fn open(path: &Path) -> Result<Ledger> {
         let conn = crate::store::connect(path, true).map_err(|e| {
-            ServiceError::Refused(format!("cannot open the ledger {}: {e}", path.display()))
+            let why = match e {
+                crate::store::StoreError::Corrupt { detail, .. } => detail,
+                other => other.to_string(),
+            };
+            ServiceError::Refused(format!("cannot open the ledger {}: {why}", path.display()))
         })?;
         let corrupt = |e: String| {
             ServiceError::Refused(format!("{} is not a readable ledger: {e}", path.display()))
@@ -477,7 +481,9 @@ impl Ledger {
         }
         let cap = handoff_cap.unwrap_or(HANDOFF_CAP_DEFAULT);
         if !(0..=HANDOFF_CAP_MAX).contains(&cap) {
-            return usage(format!("handoff_cap must be 0 to {HANDOFF_CAP_MAX}"));
+            return usage(format!(
+                "the handoff budget must be 0 to {HANDOFF_CAP_MAX} passes"
+            ));
         }
         let id = crate::clock::new_id();
         self.write(|tx, now, _| {
@@ -533,7 +539,7 @@ impl Ledger {
         check_agent_id(agent)?;
         let minutes = minutes.unwrap_or(LEASE_MINUTES_DEFAULT);
         if !(1..=LEASE_MINUTES_MAX).contains(&minutes) {
-            return usage(format!("lease_minutes must be 1 to {LEASE_MINUTES_MAX}"));
+            return usage(format!("a lease lasts 1 to {LEASE_MINUTES_MAX} minutes"));
         }
         let id = self.resolve(task_id)?;
         #[cfg(feature = "planted-bugs")]
@@ -656,7 +662,7 @@ impl Ledger {
         check_agent_id(agent)?;
         let minutes = minutes.unwrap_or(LEASE_MINUTES_DEFAULT);
         if !(1..=LEASE_MINUTES_MAX).contains(&minutes) {
-            return usage(format!("lease_minutes must be 1 to {LEASE_MINUTES_MAX}"));
+            return usage(format!("a lease lasts 1 to {LEASE_MINUTES_MAX} minutes"));
         }
         let id = self.resolve(task_id)?;
         self.write(|tx, now, _| {

@@ -2,7 +2,7 @@
 //! snapshot ([`Board`]: agent states, attention reasons, totals, timings), and engine health
 //! under one liveness rule ([`engine_health`]). Fronts render these; they decide nothing.
 
-use super::{DeliveryView, Result, Service, enabled_after, truncate};
+use super::{DeliveryView, Result, Service, enabled_after};
 use crate::store::{StoreError, WorkRow, millis};
 use model::StateKind;
 use serde::Serialize;
@@ -177,7 +177,8 @@ pub struct OpenWork {
     pub overdue: bool,
 }
 
-/// The page's snapshot, read in one transaction and decided here.
+/// The page's snapshot, decided here from three short reads (the overview, the agents, and
+/// the counts, work and timings in one transaction).
 #[derive(Clone, Debug, Serialize)]
 pub struct Board {
     pub generated_at: i64,
@@ -283,7 +284,7 @@ impl Service {
     }
 
     /// The page's snapshot: the overview with `limit` per list, every agent's state, what
-    /// needs attention and why, open work, totals and timings, in one read.
+    /// needs attention and why, open work, totals and timings.
     pub fn board(&mut self, limit: i64) -> Result<Board> {
         use StateKind::{
             Accepted, Busy, Held, OwnerRejected, Running, Sending, Unavailable, Uncertain, Waiting,
@@ -408,10 +409,7 @@ impl Service {
                 .unenrolled(enabled_after(tx)?, limit)?
                 .into_iter()
                 .map(|m| Unenrolled {
-                    preview: truncate(
-                        &m.body.split_whitespace().collect::<Vec<_>>().join(" "),
-                        120,
-                    ),
+                    preview: crate::text::one_line(&m.body, 120),
                     id: m.id,
                     from: m.sender,
                     to: m.recipient,

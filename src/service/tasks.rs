@@ -33,7 +33,7 @@ impl Service {
             Ok(())
         } else {
             Err(ServiceError::NotFound(format!(
-                "unknown agent {id:?}; `handoffs agent list` (or list_agents) names the registered ones"
+                "unknown agent {id:?}: no agent of that id is registered"
             )))
         }
     }

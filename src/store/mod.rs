@@ -18,7 +18,6 @@ pub use deliveries::DeliveryRow;
 pub use events::EventRow;
 pub use messages::MessageRow;
 pub use runs::{ChannelRow, PushRow, RunRow};
-use work::{WORK_COLS, work_from};
 pub use work::{WorkCounts, WorkRow, WorkTimes};
 
 use model::work::WorkState;

@@ -118,4 +118,47 @@ impl Tx<'_> {
             ))?
             .query_row([], |r| r.get(0))?)
     }
+
+    /// Recent work, newest change first: when each was sent, accepted and returned.
+    pub fn work_timings(&self, limit: i64) -> Result<Vec<WorkTimes>> {
+        let mut st = self.tx.prepare_cached(
+            "SELECT w.created_at,
+               (SELECT min(e.at) FROM events e WHERE e.message_id = w.id AND e.kind = 'work'
+                  AND e.detail LIKE 'accepted by %'),
+               (SELECT min(e.at) FROM events e WHERE e.message_id = w.id AND e.kind = 'work'
+                  AND (e.detail LIKE 'returned by %' OR e.detail LIKE 'blocked by %'))
+             FROM work w ORDER BY w.updated_at DESC LIMIT ?1",
+        )?;
+        let rows = st.query_map([limit], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// Open work (not closed): how much in all, how much overdue at `now`, and how much per
+    /// recipient.
+    pub fn work_counts(&self, now: i64) -> Result<WorkCounts> {
+        let (open, overdue) = self
+            .tx
+            .prepare_cached(&format!(
+                "SELECT count(*),
+                    coalesce(sum({OPEN_WORK} AND due_at IS NOT NULL AND due_at <= ?1), 0)
+             FROM work WHERE state != 'closed'"
+            ))?
+            .query_row([now], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        let mut st = self.tx.prepare_cached(
+            "SELECT recipient, count(*) FROM work WHERE state != 'closed' GROUP BY recipient",
+        )?;
+        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok((open, overdue, rows.collect::<rusqlite::Result<_>>()?))
+    }
+
+    /// The newest open work first (`overdue_at`: only work overdue at that time).
+    pub fn newest_open_work(&self, overdue_at: Option<i64>, limit: i64) -> Result<Vec<WorkRow>> {
+        let mut st = self.tx.prepare_cached(&format!(
+            "SELECT {WORK_COLS} FROM work WHERE state != 'closed'
+               AND (?1 IS NULL OR ({OPEN_WORK} AND due_at IS NOT NULL AND due_at <= ?1))
+             ORDER BY created_at DESC LIMIT ?2"
+        ))?;
+        let rows = st.query_map(rusqlite::params![overdue_at, limit], work_from)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
 }

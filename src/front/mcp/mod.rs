@@ -313,6 +313,17 @@ impl McpServer {
         raw: &JsonObject,
         ct: &tokio_util::sync::CancellationToken,
     ) -> CallToolResult {
+        use tracing::Instrument as _;
+        let span = tracing::info_span!("tool", name, agent = %self.inner.agent);
+        self.call_in_span(name, raw, ct).instrument(span).await
+    }
+
+    async fn call_in_span(
+        &self,
+        name: &str,
+        raw: &JsonObject,
+        ct: &tokio_util::sync::CancellationToken,
+    ) -> CallToolResult {
         if let Some(key) = raw.keys().find(|k| identity_key(k)) {
             #[cfg(feature = "planted-bugs")]
             let guarded = !crate::planted(crate::Plant::McpSpoof);
@@ -354,11 +365,11 @@ impl McpServer {
         };
         match out {
             Ok(v) => {
-                tracing::info!(tool = name, agent = %self.inner.agent, "tool call");
+                tracing::info!("tool call answered");
                 CallToolResult::structured(v)
             }
             Err(ToolError(m)) => {
-                tracing::info!(tool = name, agent = %self.inner.agent, error = %m, "tool call refused");
+                tracing::info!(error = %m, "tool call refused");
                 error(m)
             }
         }

@@ -241,12 +241,11 @@ fn entry<A: DeserializeOwned + JsonSchema + 'static>(
     output: Value,
     handler: fn(&McpServer, &str, &A) -> ToolResult,
 ) -> ToolDef {
-    let mut def = described::<A>(name, title, kind, about, output);
-    def.run = Run::Now(Box::new(move |server: &McpServer, raw: &JsonObject| {
+    let run = Run::Now(Box::new(move |server: &McpServer, raw: &JsonObject| {
         let a: A = args(name, raw)?;
         handler(server, server.agent(), &a)
     }));
-    def
+    described::<A>(name, title, kind, about, output, run)
 }
 
 fn described<A: JsonSchema + 'static>(
@@ -255,6 +254,7 @@ fn described<A: JsonSchema + 'static>(
     kind: Kind,
     about: &'static str,
     output: Value,
+    run: Run,
 ) -> ToolDef {
     let annotations = ToolAnnotations::with_title(title)
         .read_only(matches!(kind, Kind::Read))
@@ -267,8 +267,8 @@ fn described<A: JsonSchema + 'static>(
     };
     ToolDef {
         name,
-        library: name.starts_with("context_"),
-        run: Run::Wait,
+        library: false,
+        run,
         tool: Tool::new(name, about, input_schema::<A>())
             .with_title(title)
             .with_annotations(annotations)
@@ -424,15 +424,22 @@ fn message_tools() -> Vec<ToolDef> {
                     &[
                         ("delivery", of_type("object")),
                         ("overview", of_type("object")),
+                        ("waiting_for_engine", array(of_type("object"))),
                     ],
                     &[],
                 );
                 o["anyOf"] = json!([{ "required": ["delivery"] }, { "required": ["overview"] }]);
                 o
             },
-            |s, _, a| match &a.id {
-                Some(id) => Ok(json!({ "delivery": s.service().delivery(id)? })),
-                None => Ok(json!({ "overview": s.service().overview(20)? })),
+            |s, _, a| {
+                if let Some(id) = &a.id {
+                    return Ok(json!({ "delivery": s.service().delivery(id)? }));
+                }
+                let mut service = s.service();
+                Ok(json!({
+                    "overview": service.overview(20)?,
+                    "waiting_for_engine": service.waiting_for_engine(20)?,
+                }))
             },
         ),
         entry::<NoArgs>(
@@ -458,6 +465,7 @@ fn message_tools() -> Vec<ToolDef> {
                 ],
                 &["timed_out", "messages"],
             ),
+            Run::Wait,
         ),
     ]
 }
@@ -551,6 +559,14 @@ fn task_tools() -> Vec<ToolDef> {
 
 /// The project memory (only with `--context-library`).
 fn context_tools() -> Vec<ToolDef> {
+    let mut tools = context_entries();
+    for t in &mut tools {
+        t.library = true;
+    }
+    tools
+}
+
+fn context_entries() -> Vec<ToolDef> {
     use Kind::{Read, Write};
     let record = || object(&[("record", of_type("object"))], &["record"]);
     vec![

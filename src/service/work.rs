@@ -1,0 +1,215 @@
+//! Work contracts (SPEC §2.5): accept, return, close, and the messages work sends.
+
+use super::{
+    IdTable, MessageRow, Millis, Result, SUMMARY_CHARS_MAX, Service, ServiceError, Tx, WorkRow,
+    WorkState, body_hash, check_agent_id, check_len, enabled_after, enrol, millis, refused, usage,
+};
+
+/// A work contract's outcome when its sender closes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Accepted,
+    Revision,
+    Blocked,
+}
+
+impl std::str::FromStr for Outcome {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "accepted" => Ok(Outcome::Accepted),
+            "revision" => Ok(Outcome::Revision),
+            "blocked" => Ok(Outcome::Blocked),
+            other => Err(format!(
+                "unknown outcome {other:?}; use accepted, revision or blocked"
+            )),
+        }
+    }
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Accepted => "accepted",
+            Outcome::Revision => "revision",
+            Outcome::Blocked => "blocked",
+        }
+    }
+}
+
+/// A new message about work `w` (a return, a reminder), from→to, with a fresh id.
+pub fn work_message(
+    w: &WorkRow,
+    (from, to): (&str, &str),
+    body: String,
+    (intent, kind): (&str, &str),
+    title: String,
+    now: Millis,
+) -> MessageRow {
+    MessageRow {
+        id: crate::clock::new_id(),
+        sender: from.to_owned(),
+        recipient: to.to_owned(),
+        body_hash: body_hash(&body),
+        body,
+        intent: intent.to_owned(),
+        kind: kind.to_owned(),
+        title: Some(title),
+        work_id: Some(w.id.clone()),
+        idem_key: None,
+        created_at: millis(now),
+        read_at: None,
+    }
+}
+
+impl Service {
+    fn work_for(tx: &Tx<'_>, id: &str) -> Result<(MessageRow, WorkRow)> {
+        let m = tx
+            .message(id)?
+            .ok_or_else(|| ServiceError::NotFound(format!("no message {id:?}")))?;
+        let work_id = m
+            .work_id
+            .clone()
+            .filter(|_| m.kind == "work")
+            .ok_or_else(|| ServiceError::Refused(format!("{id} is not work (it has no title)")))?;
+        let w = tx
+            .work(&work_id)?
+            .ok_or_else(|| ServiceError::NotFound(format!("no work {work_id:?}")))?;
+        Ok((m, w))
+    }
+
+    pub fn accept(&mut self, id: &str, actor: &str) -> Result<WorkRow> {
+        check_agent_id(actor)?;
+        let id = self.resolve(IdTable::Messages, id)?;
+        let now = millis(self.now());
+        self.store.write(|tx| {
+            let (_, mut w) = Self::work_for(tx, &id)?;
+            if w.recipient != actor {
+                return refused(format!("only {} can accept this work", w.recipient));
+            }
+            match w.state {
+                WorkState::Accepted => return Ok(w),
+                WorkState::Assigned => {}
+                other => return refused(format!("the work is already {other}")),
+            }
+            w.state = WorkState::Accepted;
+            w.updated_at = now;
+            tx.update_work(&w)?;
+            tx.event(now, Some(&id), "work", &format!("accepted by {actor}"))?;
+            Ok(w)
+        })
+    }
+
+    /// Returns work: `returned` (or `blocked`) and one return handoff to its sender.
+    pub fn return_work(
+        &mut self,
+        id: &str,
+        actor: &str,
+        summary: &str,
+        evidence: Option<&str>,
+        blocked: bool,
+    ) -> Result<(WorkRow, MessageRow)> {
+        check_agent_id(actor)?;
+        check_len("the summary", summary, SUMMARY_CHARS_MAX)?;
+        if summary.trim().is_empty() {
+            return usage("the summary is empty");
+        }
+        if let Some(e) = evidence {
+            check_len("the evidence", e, SUMMARY_CHARS_MAX)?;
+        }
+        let id = self.resolve(IdTable::Messages, id)?;
+        let now = self.now();
+        self.store.write(|tx| {
+            let (_, mut w) = Self::work_for(tx, &id)?;
+            if w.recipient != actor {
+                return refused(format!("only {} can return this work", w.recipient));
+            }
+            if !w.state.is_open() {
+                return refused(format!("the work was already {}", w.state));
+            }
+            w.state = if blocked {
+                WorkState::Blocked
+            } else {
+                WorkState::Returned
+            };
+            w.summary = Some(summary.to_owned());
+            w.evidence = evidence.map(str::to_owned);
+            w.updated_at = millis(now);
+            tx.update_work(&w)?;
+            let verb = if blocked { "blocked" } else { "returned" };
+            let mut body = format!("Work {verb}: {}\n\n{summary}", w.title);
+            if let Some(e) = evidence {
+                body.push_str(&format!("\n\nEvidence: {e}"));
+            }
+            let ret = work_message(
+                &w,
+                (actor, &w.sender),
+                body,
+                ("handoff", "return"),
+                format!("{verb}: {}", w.title),
+                now,
+            );
+            tx.insert_message(&ret)?;
+            tx.event(
+                millis(now),
+                Some(&id),
+                "work",
+                &format!("{verb} by {actor}"),
+            )?;
+            tx.event(
+                millis(now),
+                Some(&ret.id),
+                "sent",
+                &format!("return {actor} → {}", w.sender),
+            )?;
+            if millis(now) >= enabled_after(tx)? {
+                enrol(tx, &ret, now)?;
+            }
+            Ok((w, ret))
+        })
+    }
+
+    pub fn close(
+        &mut self,
+        id: &str,
+        actor: &str,
+        outcome: Outcome,
+        note: Option<&str>,
+    ) -> Result<WorkRow> {
+        check_agent_id(actor)?;
+        if let Some(n) = note {
+            check_len("the note", n, SUMMARY_CHARS_MAX)?;
+        }
+        let id = self.resolve(IdTable::Messages, id)?;
+        let now = millis(self.now());
+        self.store.write(|tx| {
+            let (_, mut w) = Self::work_for(tx, &id)?;
+            if w.sender != actor {
+                return refused(format!(
+                    "only the sender ({}) can close this work",
+                    w.sender
+                ));
+            }
+            if w.state == WorkState::Closed {
+                return refused("the work is already closed");
+            }
+            w.state = WorkState::Closed;
+            w.outcome = Some(outcome.as_str().to_owned());
+            w.note = note.map(str::to_owned);
+            w.updated_at = now;
+            tx.update_work(&w)?;
+            tx.event(
+                now,
+                Some(&id),
+                "work",
+                &format!("closed by {actor}: {}", outcome.as_str()),
+            )?;
+            Ok(w)
+        })
+    }
+
+    /// Open work (and work returned but not yet closed), newest first.
+    pub fn open_work(&mut self, limit: i64) -> Result<Vec<WorkRow>> {
+        self.store.read(|tx| Ok(tx.open_work(limit)?))
+    }
+}
