@@ -616,7 +616,7 @@ impl Ledger {
             .query_row("SELECT count(*) FROM leases", [], |r| r.get::<_, i64>(0))
             .map_err(db_err)?
             == 0;
-        std::thread::sleep(Duration::from_millis(300));
+        std::thread::sleep(std::time::Duration::from_millis(300));
         if !free {
             return refused("the workspace is leased: one writer at a time");
         }

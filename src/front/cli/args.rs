@@ -1,0 +1,435 @@
+//! The command line as clap reads it: every command, argument and option, each with its help line.
+
+use super::{Args, Outcome, Parser, PathBuf, Subcommand, Value};
+
+/// Exactly-once delivery of handoffs between AI coding agents.
+#[derive(Debug, Parser)]
+#[command(name = "handoffs", version, about, max_term_width = 100)]
+pub struct Cli {
+    /// The database [env: HANDOFFS_DB] [default: ./.handoffs/handoffs.sqlite3]
+    #[arg(long, global = true, value_name = "PATH")]
+    pub db: Option<PathBuf>,
+    /// Print one JSON document instead of text.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// How log lines on stderr look: text for people, json (one object per line) for a log
+    /// collector; which ones appear is set by RUST_LOG (or HANDOFFS_LOG), warn by default.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// How log lines look (`--log-format`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create the database (idempotent) and its token file.
+    Init,
+    /// Register, list or remove agents.
+    #[command(subcommand)]
+    Agent(AgentCmd),
+    /// Allow the directed connection FROM → TO.
+    Allow {
+        /// The sending agent.
+        from: String,
+        /// The receiving agent.
+        to: String,
+    },
+    /// Block the directed connection FROM → TO.
+    Block {
+        /// The sending agent.
+        from: String,
+        /// The receiving agent.
+        to: String,
+    },
+    /// Show or set configuration: enabled, enabledAfter, connections, outageGuard.
+    Config {
+        /// enabled, enabledAfter, connections or outageGuard; none: show them all.
+        key: Option<String>,
+        /// The new value: true/false; a time or `now`; open/explicit; null,
+        /// {"preset": NAME} (openai, openai-codex, codex, anthropic, anthropic-claude-code,
+        /// claude-code, github) or {"url": …, "components": […]}. None: show the key.
+        value: Option<String>,
+    },
+    /// Send a handoff (with --title: work) from one agent to another.
+    Send(SendArgs),
+    /// List an agent's messages (unread unless --all).
+    Inbox {
+        /// Whose inbox.
+        agent: String,
+        /// Read messages too.
+        #[arg(long)]
+        all: bool,
+        /// At most this many, newest first (1 to 10000).
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+    },
+    /// Show a message in full; marks it read when you are its recipient.
+    Read {
+        /// The message (a unique prefix of 6 or more characters will do).
+        id: String,
+        #[command(flatten)]
+        actor: Actor,
+    },
+    /// Accept work given to you.
+    Accept {
+        /// The work message (a unique prefix will do).
+        id: String,
+        #[command(flatten)]
+        actor: Actor,
+    },
+    /// Return work to its sender with a summary (or --blocked).
+    Return {
+        /// The work message (a unique prefix will do).
+        id: String,
+        #[command(flatten)]
+        actor: Actor,
+        /// What was done (or, with --blocked, what stands in the way).
+        #[arg(long)]
+        summary: String,
+        /// Where to see it: a path, a commit, a link.
+        #[arg(long)]
+        evidence: Option<String>,
+        /// Return it as blocked rather than done.
+        #[arg(long)]
+        blocked: bool,
+    },
+    /// Close work you gave: accepted, revision or blocked.
+    Close {
+        /// The work message (a unique prefix will do).
+        id: String,
+        #[command(flatten)]
+        actor: Actor,
+        /// accepted, revision or blocked.
+        #[arg(value_parser = parse_outcome)]
+        outcome: Outcome,
+        /// A word for the one who did the work.
+        #[arg(long)]
+        note: Option<String>,
+    },
+    /// Overview (in flight, needs attention, recent), or one delivery with its history.
+    Status {
+        /// One delivery or message (a unique prefix will do); none: the overview.
+        id: Option<String>,
+    },
+    /// Run one engine pass and print its report.
+    Tick,
+    /// Run the engine until Ctrl+C.
+    Run {
+        /// Longest sleep between passes, in seconds (new work wakes it at once).
+        #[arg(long, default_value_t = 5.0)]
+        interval: f64,
+    },
+    /// The engine and the live page (http://127.0.0.1:8765/ by default) until Ctrl+C.
+    Serve {
+        /// The address to listen on; anything but loopback makes the page reachable from the
+        /// network.
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        /// The port [default: 8765, or a free one when that is taken]; 0: any free one.
+        #[arg(long)]
+        port: Option<u16>,
+        /// Answer any Host, refuse sends, and show plain state sentences.
+        #[arg(long)]
+        public_demo: bool,
+    },
+    /// Cancel one stuck delivery; never resends.
+    Release {
+        /// The delivery or its message (a unique prefix will do).
+        id: String,
+        /// Why, for the history (e.g. "I saw the turn run").
+        #[arg(long)]
+        note: Option<String>,
+    },
+    /// Stdio MCP server acting as one agent (its identity is fixed for the whole session).
+    Mcp {
+        /// The agent this server acts as, for its whole session.
+        #[arg(long)]
+        agent: String,
+        /// A folder of Markdown files served as project memory (context_* tools).
+        #[arg(long, value_name = "DIR")]
+        context_library: Option<PathBuf>,
+        /// Be a Claude Code channel (research preview): push each handoff for this agent into
+        /// the interactive Claude session that started this server, as a new prompt.
+        #[arg(long)]
+        channels: bool,
+    },
+    /// The workspace's task ledger: briefs, the one writer lease, the handoff budget.
+    #[command(subcommand)]
+    Task(TaskCmd),
+    /// Four simulated agents handing work around on a live page; temporary data, deleted on
+    /// Ctrl+C.
+    Demo {
+        /// The port [default: 8765, or a free one when that is taken]; 0: any free one.
+        #[arg(long)]
+        port: Option<u16>,
+        /// The address to listen on.
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        /// How fast the demo agents work (1 = turns of 4 to 7 seconds).
+        #[arg(long, default_value_t = 1.0)]
+        speed: f64,
+        /// Answer any Host, refuse sends, and show plain state sentences.
+        #[arg(long)]
+        public_demo: bool,
+    },
+    /// Runs the real engine against simulated agents with the faults one seed draws, and
+    /// judges every guarantee (same seed, same bytes).
+    Sim {
+        /// The seed to run (default 1).
+        #[arg(long, conflicts_with = "seeds")]
+        seed: Option<u64>,
+        /// A sweep, like 1..200 (both ends included): one line per failure and a summary.
+        #[arg(long)]
+        seeds: Option<String>,
+        /// Print the run's trace: virtual time, host, event.
+        #[arg(long, conflicts_with = "seeds")]
+        trace: bool,
+    },
+    /// Checks every agent's destination (binary and version, session or thread, folder, URL)
+    /// and the database: one line per finding; exit 1 when something is wrong.
+    Doctor,
+    /// Prints the shell completion script for SHELL (e.g. `handoffs completions bash >
+    /// ~/.local/share/bash-completion/completions/handoffs`).
+    Completions {
+        /// bash, elvish, fish, powershell or zsh.
+        shell: clap_complete::Shell,
+    },
+    /// Runs one command turn for the engine (internal).
+    #[command(hide = true)]
+    Supervise(SuperviseArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct Actor {
+    /// The acting agent [env: HANDOFFS_AGENT]
+    #[arg(
+        long = "as",
+        value_name = "AGENT",
+        env = "HANDOFFS_AGENT",
+        hide_env = true
+    )]
+    pub as_agent: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AgentCmd {
+    /// Register or update an agent.
+    Add {
+        /// The agent's id (letters, digits, `.`, `_`, `-`).
+        id: String,
+        /// demo, command, codex or claude-code; needed for a new agent only.
+        #[arg(long)]
+        provider: Option<String>,
+        /// A display name.
+        #[arg(long)]
+        name: Option<String>,
+        /// Where its turns go: the Codex thread id, the Claude session id; for a command
+        /// agent, what `{endpoint}` in its command stands for.
+        #[arg(long)]
+        endpoint: Option<String>,
+        /// The folder its turns run in.
+        #[arg(long)]
+        cwd: Option<String>,
+        /// Adapter setting; VALUE is JSON when it parses, text otherwise.
+        #[arg(long = "set", value_name = "KEY=VALUE", value_parser = parse_setting)]
+        settings: Vec<(String, Value)>,
+    },
+    /// List agents.
+    List,
+    /// Remove an agent.
+    Remove {
+        /// The agent's id.
+        id: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TaskCmd {
+    /// Create a task brief (queued).
+    Create {
+        #[command(flatten)]
+        actor: Actor,
+        /// A short title.
+        #[arg(long)]
+        title: String,
+        /// What done looks like.
+        #[arg(long)]
+        goal: String,
+        /// What must not change, or must hold.
+        #[arg(long)]
+        constraints: Option<String>,
+        /// Queue it for this agent only.
+        #[arg(long = "for", value_name = "AGENT")]
+        target: Option<String>,
+        /// The handoff budget, 0–16.
+        #[arg(long, default_value_t = crate::service::ledger::HANDOFF_CAP_DEFAULT)]
+        cap: i64,
+    },
+    /// Take the workspace's writer lease for a task; prints the lease token.
+    Claim {
+        /// The task (a unique prefix will do).
+        id: String,
+        #[command(flatten)]
+        actor: Actor,
+        /// How long the lease lasts, in minutes.
+        #[arg(long)]
+        minutes: Option<i64>,
+    },
+    /// Extend your lease.
+    Renew {
+        /// The task (a unique prefix will do).
+        id: String,
+        #[command(flatten)]
+        actor: Actor,
+        /// The lease token `task claim` printed.
+        #[arg(long)]
+        token: String,
+        /// The lease's new length from now, in minutes.
+        #[arg(long)]
+        minutes: Option<i64>,
+    },
+    /// Record your progress, release the lease and queue the task for another agent.
+    Pass {
+        /// The task (a unique prefix will do).
+        id: String,
+        #[command(flatten)]
+        actor: Actor,
+        /// The lease token `task claim` printed.
+        #[arg(long)]
+        token: String,
+        /// What you did.
+        #[arg(long)]
+        summary: String,
+        /// What the next agent should do first.
+        #[arg(long = "next")]
+        next_action: String,
+        /// A changed file (repeatable; merged into the task's set).
+        #[arg(long = "file")]
+        files: Vec<String>,
+        /// The agent that takes it over (it is told with a handoff).
+        #[arg(long = "to", value_name = "AGENT")]
+        target: String,
+    },
+    /// Mark your task done and release the lease.
+    Complete {
+        /// The task (a unique prefix will do).
+        id: String,
+        #[command(flatten)]
+        actor: Actor,
+        /// The lease token `task claim` printed.
+        #[arg(long)]
+        token: String,
+        /// What was done.
+        #[arg(long)]
+        summary: Option<String>,
+        /// A changed file (repeatable; merged into the task's set).
+        #[arg(long = "file")]
+        files: Vec<String>,
+    },
+    /// A task with its history.
+    Show {
+        /// The task (a unique prefix will do).
+        id: String,
+    },
+    /// Tasks, newest first.
+    List {
+        /// Only tasks in this state: queued, claimed, needs_human or done.
+        #[arg(long)]
+        state: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+    },
+    /// A person adds handoffs to a task's budget (and releases it from needs_human).
+    Resume {
+        /// The task (a unique prefix will do).
+        id: String,
+        /// Handoffs to add to its budget.
+        #[arg(long, default_value_t = 1)]
+        add: i64,
+        /// Queue it for this agent from now on.
+        #[arg(long = "for", value_name = "AGENT", conflicts_with = "anyone")]
+        target: Option<String>,
+        /// Queue it for any agent from now on.
+        #[arg(long)]
+        anyone: bool,
+        /// Who is resuming it, for the history.
+        #[arg(long, default_value = "person")]
+        by: String,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct SendArgs {
+    /// The sending agent.
+    pub from: String,
+    /// The receiving agent.
+    pub to: String,
+    /// The message, or - to read it from stdin.
+    pub message: String,
+    /// Make it work with this title: the recipient accepts and returns it.
+    #[arg(long)]
+    pub title: Option<String>,
+    /// Work only: remind the sender if it is not returned within this many minutes (1 to
+    /// 43200).
+    #[arg(long)]
+    pub due_minutes: Option<i64>,
+    /// Idempotency key: a repeated send with the same key returns the first message.
+    #[arg(long)]
+    pub key: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct SuperviseArgs {
+    #[arg(long)]
+    pub request_id: String,
+    #[arg(long)]
+    pub message: String,
+    #[arg(long)]
+    pub agent: String,
+    #[arg(long)]
+    pub timeout: u64,
+    #[arg(long)]
+    pub text_file: PathBuf,
+    #[arg(long, default_value = "")]
+    pub endpoint: String,
+    #[arg(long, default_value = "")]
+    pub cwd: String,
+    /// A Claude Code turn: the session `argv` resumes (spoken to in stream-json).
+    #[arg(long)]
+    pub claude_session: Option<String>,
+    #[arg(long, requires = "claude_session")]
+    pub claude_config_dir: Option<PathBuf>,
+    /// A Codex turn: the thread `argv` (`codex app-server`) writes to.
+    #[arg(long, conflicts_with = "claude_session")]
+    pub codex_thread: Option<String>,
+    #[arg(long, requires = "codex_thread")]
+    pub codex_home: Option<PathBuf>,
+    /// Accept the approval requests of the Codex turn (else they are declined).
+    #[arg(long, requires = "codex_thread")]
+    pub codex_accept_approvals: bool,
+    #[arg(last = true, required = true)]
+    pub argv: Vec<String>,
+}
+
+pub(super) fn parse_setting(s: &str) -> Result<(String, Value), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))?;
+    if k.is_empty() {
+        return Err("the setting's key is empty".to_owned());
+    }
+    let value = serde_json::from_str(v).unwrap_or_else(|_| Value::String(v.to_owned()));
+    Ok((k.to_owned(), value))
+}
+
+pub(super) fn parse_outcome(s: &str) -> Result<Outcome, String> {
+    s.parse()
+}

@@ -1,0 +1,195 @@
+//! `handoffs tick`, `run` and `sim`: the engine and the simulation from the command line.
+
+use super::{Cli, Duration, Engine, EngineError, Failure, emit, json, open, out, runtime, usage};
+
+pub(super) fn engine_cmd(cli: &Cli, interval: Option<Duration>) -> Result<(), Failure> {
+    let service = open(cli)?;
+    let mut engine = match Engine::new(service, interval.is_none()) {
+        Ok(e) => e,
+        Err(EngineError::Busy) => {
+            let msg = "another engine is delivering for this database; this pass is skipped";
+            if interval.is_some() {
+                // A long-running engine that stays away says so where a log catches it.
+                eprintln!("handoffs: {msg}");
+            }
+            emit(cli, &json!({"skipped": msg}), || msg.to_owned());
+            return Ok(());
+        }
+        Err(e) => {
+            return Err(Failure {
+                code: 1,
+                message: e.to_string(),
+            });
+        }
+    };
+    if std::env::var_os("HANDOFFS_POLICY").is_some() {
+        // Shorter bounds for tests and drills, e.g. {"sending_timeout_ms": 1000}.
+        engine = engine.with_policy(policy_from_env()?);
+    }
+    let rt = runtime()?;
+    match interval {
+        None => {
+            let report = rt.block_on(engine.pass());
+            emit(cli, &report, || {
+                let mut out = format!(
+                    "pass: looked at {}, moved {}, wrote {}, enrolled {}, reminders {}, {} ms",
+                    report.looked_at,
+                    report.moved,
+                    report.writes,
+                    report.enrolled,
+                    report.reminders,
+                    report.took_ms
+                );
+                for e in &report.errors {
+                    out.push_str(&format!("\nerror: {e}"));
+                }
+                out
+            });
+            Ok(())
+        }
+        Some(interval) => {
+            // Ctrl+C and SIGTERM (a service manager) stop it alike: no new job, running ones
+            // get their grace; the exit code says which signal it was. SIGHUP does not: an
+            // engine started with `nohup` outlives its terminal.
+            let stopped_by = std::sync::Arc::new(std::sync::atomic::AtomicU8::new(0));
+            let code = stopped_by.clone();
+            tracing::info!(pid = std::process::id(), "engine started");
+            rt.block_on(engine.run(interval, async move {
+                let signal = crate::front::live::stop_signal(false).await;
+                code.store(signal, std::sync::atomic::Ordering::SeqCst);
+            }))
+            .map_err(|message| Failure { code: 1, message })?;
+            match stopped_by.load(std::sync::atomic::Ordering::SeqCst) {
+                0 => Ok(()),
+                code => Err(Failure {
+                    code,
+                    message: "stopped".to_owned(),
+                }),
+            }
+        }
+    }
+}
+
+/// `handoffs sim`: runs before any runtime exists (a turmoil simulation builds its own).
+pub(super) fn sim_cmd(
+    cli: &Cli,
+    seed: Option<u64>,
+    seeds: Option<&str>,
+    trace: bool,
+) -> Result<(), Failure> {
+    let policy = policy_from_env()?;
+    // A planted bug replays only in a build that has it.
+    let replay_env = std::env::var("HANDOFFS_POLICY")
+        .map(|p| {
+            let build = if p.contains("planted_bug") {
+                "(a build with --features planted-bugs) "
+            } else {
+                ""
+            };
+            format!("{build}HANDOFFS_POLICY='{p}' ")
+        })
+        .unwrap_or_default();
+    let failed = |seeds: &[u64]| Failure {
+        code: 1,
+        message: format!(
+            "guarantees failed for seed{} {}",
+            if seeds.len() == 1 { "" } else { "s" },
+            seeds
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    if let Some(range) = seeds {
+        let (a, b) = range
+            .split_once("..")
+            .and_then(|(a, b)| Some((a.trim().parse::<u64>().ok()?, b.trim().parse::<u64>().ok()?)))
+            .filter(|(a, b)| a <= b)
+            .ok_or_else(|| {
+                usage(format!(
+                    "--seeds takes FROM..TO, like 1..200 (got {range:?})"
+                ))
+            })?;
+        let started = std::time::Instant::now();
+        let sweep = crate::simulate::sweep(a, b, &policy, |o| {
+            if !o.ok {
+                if cli.json {
+                    out(&json!({"seed": o.seed, "ok": false, "report": o.text}).to_string());
+                } else {
+                    eprintln!(
+                        "seed {} FAILED; replay: {replay_env}handoffs sim --seed {} --trace",
+                        o.seed, o.seed
+                    );
+                }
+            }
+        })
+        .map_err(|message| Failure { code: 1, message })?;
+        let wall = started.elapsed();
+        let hours = sweep.virtual_time.as_secs_f64() / 3_600.0;
+        emit(
+            cli,
+            &json!({
+                "runs": sweep.runs,
+                "virtual_hours": hours,
+                "wall_seconds": wall.as_secs_f64(),
+                "failures": sweep.failures,
+                "exercised": sweep.exercised.iter().map(|(k, runs, total)| {
+                    json!({"check": k, "runs": runs, "checks": total})
+                }).collect::<Vec<_>>(),
+            }),
+            || {
+                format!(
+                    "{}{} runs, {hours:.1} virtual hours in {:.1} s of wall time ({:.0}× faster, {:.2} s a run), {} failed",
+                    sweep.exercised_lines(),
+                    sweep.runs,
+                    wall.as_secs_f64(),
+                    sweep.virtual_time.as_secs_f64() / wall.as_secs_f64().max(1e-9),
+                    wall.as_secs_f64()
+                        / f64::from(u32::try_from(sweep.runs.max(1)).unwrap_or(u32::MAX)),
+                    sweep.failures.len()
+                )
+            },
+        );
+        return if sweep.failures.is_empty() {
+            Ok(())
+        } else {
+            Err(failed(&sweep.failures))
+        };
+    }
+    let seed = seed.unwrap_or(1);
+    let outcome = crate::simulate::run(seed, trace, &policy)
+        .map_err(|message| Failure { code: 1, message })?;
+    let mut text = outcome.text.clone();
+    if !outcome.ok && !replay_env.is_empty() {
+        text.push_str(&format!(
+            "replay this policy with: {replay_env}handoffs sim --seed {seed} --trace\n"
+        ));
+    }
+    emit(
+        cli,
+        &json!({"seed": seed, "ok": outcome.ok, "virtual_ms": outcome.virtual_time.as_millis(), "report": text}),
+        || text.clone(),
+    );
+    if outcome.ok {
+        Ok(())
+    } else {
+        Err(failed(&[seed]))
+    }
+}
+
+/// The engine's policy: the default, or `HANDOFFS_POLICY` (JSON, any subset of the bounds),
+/// which may shorten SPEC §2's timings but never raise its limits (`check_against_spec`).
+pub(super) fn policy_from_env() -> Result<model::Policy, Failure> {
+    match std::env::var_os("HANDOFFS_POLICY") {
+        None => Ok(model::Policy::default()),
+        Some(raw) => {
+            let policy: model::Policy = serde_json::from_str(&raw.to_string_lossy())
+                .map_err(|e| usage(format!("HANDOFFS_POLICY is not a valid policy: {e}")))?;
+            policy
+                .check_against_spec()
+                .map_err(|e| usage(format!("HANDOFFS_POLICY: {e}")))?;
+            Ok(policy)
+        }
+    }
+}
