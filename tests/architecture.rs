@@ -226,6 +226,9 @@ impl Facts {
         let mut after_crate = 0;
         let mut or_names = BTreeSet::new();
         let mut has_bar = false;
+        // `a :: b :: c` as one path (two ':' puncts between names).
+        let mut path: Vec<String> = Vec::new();
+        let mut colons = 0;
         for (i, tree) in trees.iter().enumerate() {
             after_crate = match tree {
                 TokenTree::Ident(id) if id == "crate" => 1,
@@ -240,6 +243,13 @@ impl Facts {
                 TokenTree::Group(g) => self.tokens(g.stream()),
                 TokenTree::Ident(id) => {
                     let name = id.to_string();
+                    if colons == 2 && !path.is_empty() {
+                        path.push(name.clone());
+                        self.paths.insert(path.join("::"));
+                    } else {
+                        path = vec![name.clone()];
+                    }
+                    colons = 0;
                     // `. name (`: a method call.
                     let after_dot =
                         i > 0 && matches!(&trees[i - 1], TokenTree::Punct(p) if p.as_char() == '.');
@@ -260,7 +270,14 @@ impl Facts {
                         self.literals.push(lit.value());
                     }
                 }
-                TokenTree::Punct(p) => has_bar |= p.as_char() == '|',
+                TokenTree::Punct(p) => {
+                    has_bar |= p.as_char() == '|';
+                    colons = if p.as_char() == ':' { colons + 1 } else { 0 };
+                }
+            }
+            if matches!(tree, TokenTree::Group(_) | TokenTree::Literal(_)) {
+                colons = 0;
+                path.clear();
             }
         }
         if or_names.len() == 2 && has_bar {
@@ -380,12 +397,12 @@ fn front_problems(rel: &str, f: &Facts) -> Vec<String> {
             problems.push(format!("{rel} imports everything of {glob}"));
         }
     }
-    if f.named.contains("store_mut") {
+    if f.named.contains("store_mut") || f.method_calls.contains("store_mut") {
         problems.push(format!(
             "{rel} calls store_mut, the delivery side's store access"
         ));
     }
-    if f.method_calls.contains("runs") {
+    if f.method_calls.contains("runs") || f.paths.iter().any(|p| p.ends_with("::runs")) {
         problems.push(format!("{rel} calls .runs(), the adapters' run records"));
     }
     for lit in &f.literals {
@@ -426,6 +443,16 @@ fn planted_front_violations_are_each_caught() {
             "store_mut",
         ),
         ("fn f(s: &mut S) { Service::store_mut(s); }", "store_mut"),
+        ("fn f(s: &mut S) { s.store_mut().write(g); }", "store_mut"),
+        ("fn f(h: &mut H) { Host::runs(h); }", ".runs()"),
+        (
+            "fn f() -> V { json!({ \"x\": super::super::store::millis(1) }) }",
+            "names super::super::store",
+        ),
+        (
+            "fn f() -> V { json!({ \"c\": rusqlite::Connection::open(p) }) }",
+            "names rusqlite",
+        ),
         ("fn f(h: &mut H) { h.runs(); }", ".runs()"),
         (
             "fn f() -> String { format!(\"select id from agents where x = {}\", 1) }",

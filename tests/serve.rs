@@ -133,9 +133,10 @@ fn the_demo_deletes_its_data_on_sigterm_too() {
 }
 
 /// `handoffs run` stops on SIGTERM (what a service manager sends) as on Ctrl+C: it ends by
-/// itself with 143, its engine lock let go, rather than being killed by the signal.
+/// itself with 143, its engine lock let go, rather than being killed by the signal; SIGHUP
+/// leaves it running.
 #[test]
-fn run_stops_on_sigterm_with_143() {
+fn run_stops_on_sigterm_with_143_and_outlives_sighup() {
     let w = common::World::new();
     w.ok(&["agent", "add", "a", "--provider", "demo"]);
     let mut child = w
@@ -154,6 +155,13 @@ fn run_stops_on_sigterm_with_143() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+    // A hang-up (the terminal of `nohup handoffs run &` closing) neither kills nor stops it.
+    signal(&child, nix::sys::signal::Signal::SIGHUP);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        child.try_wait().expect("wait").is_none(),
+        "run outlives SIGHUP"
+    );
     signal(&child, nix::sys::signal::Signal::SIGTERM);
     let code = exit_within(&mut child, Duration::from_secs(20));
     assert_eq!(code, Some(143), "run ends by itself with 143 on SIGTERM");

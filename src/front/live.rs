@@ -164,11 +164,9 @@ pub async fn stop_signal(hangup: bool) -> u8 {
     {
         use tokio::signal::unix::{SignalKind, signal};
         if let Ok(mut term) = signal(SignalKind::terminate()) {
-            let mut hup = if hangup {
-                signal(SignalKind::hangup()).ok()
-            } else {
-                None
-            };
+            // Taken either way: once tokio handles SIGHUP, a hang-up no longer kills the
+            // process; only `hangup` makes it a reason to stop.
+            let mut hup = signal(SignalKind::hangup()).ok().filter(|_| hangup);
             let hung_up = async {
                 match hup.as_mut() {
                     Some(h) => h.recv().await,

@@ -33,12 +33,13 @@ impl Service {
         schedule: Schedule<'_>,
     ) -> Result<Committed> {
         let now = self.now();
+        let mut by_person = false;
         let committed = self.store.write(|tx| -> Result<Committed> {
             let row = tx
                 .delivery(id)?
                 .ok_or_else(|| ServiceError::NotFound(format!("no delivery {id}")))?;
             let kind = event(tx)?;
-            let by_person = matches!(kind, EventKind::Release { .. });
+            by_person = matches!(kind, EventKind::Release { .. });
             let step = model::step(row.record.clone(), Event::new(now, kind), policy);
             let agent = tx.agent(&row.recipient)?;
             let committed = |step: model::Step, agent| Committed {
@@ -79,7 +80,13 @@ impl Service {
             Ok(committed(step, agent))
         })?;
         // Said once it is committed: a step rolled back never shows as a move.
-        if let Change::Moved { from, to } = committed.change {
+        if by_person {
+            tracing::info!(
+                delivery = id,
+                detail = %committed.record.detail(),
+                "released by a person"
+            );
+        } else if let Change::Moved { from, to } = committed.change {
             tracing::info!(
                 delivery = id,
                 recipient = %committed.record.core().target().agent,

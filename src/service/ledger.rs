@@ -810,7 +810,9 @@ impl Ledger {
     ) -> Result<Task> {
         check_text("the person's name", person, 200, true)?;
         if !(1..=HANDOFF_CAP_MAX).contains(&add) {
-            return usage(format!("--add must be 1 to {HANDOFF_CAP_MAX}"));
+            return usage(format!(
+                "a resumed task gets 1 to {HANDOFF_CAP_MAX} more passes"
+            ));
         }
         if let Some(t) = target.filter(|t| !t.is_empty()) {
             check_agent_id(t)?;
@@ -901,7 +903,7 @@ impl Ledger {
         {
             return usage("state must be queued, claimed, needs_human or done");
         }
-        if !(1..=10_000).contains(&limit) {
+        if !(1..=super::LIST_LIMIT_MAX).contains(&limit) {
             return usage("limit must be 1 to 10000");
         }
         self.write(|tx, _, _| {

@@ -182,7 +182,7 @@ impl Service {
 
     pub fn inbox(&mut self, agent: &str, all: bool, limit: i64) -> Result<Vec<MessageRow>> {
         check_agent_id(agent)?;
-        if !(1..=10_000).contains(&limit) {
+        if !(1..=super::LIST_LIMIT_MAX).contains(&limit) {
             return usage("limit must be 1 to 10000");
         }
         self.store.read(|tx| {

@@ -38,6 +38,8 @@ pub const SUMMARY_CHARS_MAX: usize = 4_000;
 pub const ID_CHARS_MAX: usize = 200;
 pub const DUE_MINUTES_MAX: i64 = 43_200;
 pub const ID_PREFIX_MIN: usize = 6;
+/// The longest list one call returns (an inbox, the tasks).
+pub const LIST_LIMIT_MAX: i64 = 10_000;
 
 /// Why an operation did not happen. Every front maps these in one place.
 #[derive(Debug, thiserror::Error)]

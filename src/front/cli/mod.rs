@@ -1,5 +1,6 @@
-//! The command line (SPEC §5): clap definitions, one service call per command, text or JSON
-//! output, and `exit_code_of`, the one place errors become exit codes.
+//! The command line (SPEC §5): `run`, one service call per command (the clap definitions are
+//! in `args.rs`), text or JSON output, and `exit_code_of`, the one place errors become exit
+//! codes.
 
 mod args;
 mod engine;
@@ -387,7 +388,7 @@ fn send_cmd(cli: &Cli, a: &SendArgs) -> Result<(), Failure> {
 }
 
 fn inbox_cmd(cli: &Cli, agent: &str, all: bool, limit: i64) -> Result<(), Failure> {
-    if !(1..=10_000).contains(&limit) {
+    if !(1..=crate::service::LIST_LIMIT_MAX).contains(&limit) {
         return Err(usage("--limit must be 1 to 10000"));
     }
     let mut s = open(cli)?;

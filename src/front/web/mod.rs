@@ -192,7 +192,15 @@ pub fn router(
             error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed here")
         })
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
-        // A span per request (method, path), and its response and latency at debug level.
+        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            REQUEST_TIMEOUT,
+        ))
+        .layer(axum::middleware::from_fn(move |req, next| {
+            host_check(guarded.clone(), req, next)
+        }))
+        // Outermost: a span per request (method, path) with its response and latency at
+        // info level, refused Hosts and timeouts included; a 5xx is a warning.
         .layer(
             tower_http::trace::TraceLayer::new_for_http()
                 .make_span_with(
@@ -203,13 +211,6 @@ pub fn router(
                 )
                 .on_failure(tower_http::trace::DefaultOnFailure::new().level(tracing::Level::WARN)),
         )
-        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
-            StatusCode::REQUEST_TIMEOUT,
-            REQUEST_TIMEOUT,
-        ))
-        .layer(axum::middleware::from_fn(move |req, next| {
-            host_check(guarded.clone(), req, next)
-        }))
         .with_state(state))
 }
 
