@@ -21,7 +21,7 @@ use crate::text::when;
 /// The card for `message` (with its work contract, if any).
 pub fn card(message: &MessageRow, work: Option<&WorkRow>) -> String {
     let id = &message.id;
-    let short = &id[..id.len().min(8)];
+    let short = crate::text::short(id);
     let mut out = String::new();
     match (message.kind.as_str(), work) {
         ("work", Some(w)) => {
@@ -44,7 +44,7 @@ pub fn card(message: &MessageRow, work: Option<&WorkRow>) -> String {
             ));
             out.push_str(&quote(&message.body));
             let work_id = message.work_id.as_deref().unwrap_or(id);
-            let short_work = &work_id[..work_id.len().min(8)];
+            let short_work = crate::text::short(work_id);
             out.push_str(&format!(
                 "\n\nNext step: review it and close it with `handoffs close {short_work} accepted|revision|blocked` \
                  (MCP: close_work id={work_id}).\n"
