@@ -12,6 +12,8 @@
 pub enum Plant {
     /// `send` enrols the delivery after its message's commit (G8, a kill in between).
     EnrolAfterCommit,
+    /// The engine writes without first syncing the commit that reserved the write.
+    NoSyncBeforeWrite,
     /// A Claude write resumes the session beside the person's live process (G3).
     ResumeBesideLive,
     /// A Codex write by `turn/start`, without the queue and the holder check (G3).
@@ -33,8 +35,9 @@ pub enum Plant {
 }
 
 impl Plant {
-    pub const ALL: [Plant; 10] = [
+    pub const ALL: [Plant; 11] = [
         Plant::EnrolAfterCommit,
+        Plant::NoSyncBeforeWrite,
         Plant::ResumeBesideLive,
         Plant::TurnStartCodex,
         Plant::TurnStartOnly,
@@ -50,6 +53,7 @@ impl Plant {
     pub fn name(self) -> &'static str {
         match self {
             Plant::EnrolAfterCommit => "enrol_after_commit",
+            Plant::NoSyncBeforeWrite => "no_sync_before_write",
             Plant::ResumeBesideLive => "resume_beside_live",
             Plant::TurnStartCodex => "turn_start_codex",
             Plant::TurnStartOnly => "turn_start_only",

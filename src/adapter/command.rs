@@ -260,6 +260,11 @@ pub(crate) fn observed_of(run: &RunRow, alive: bool) -> Observed {
     }
 }
 
+/// HTTP mode without an `activity_url`: idle, known without a request.
+pub fn activity_without_io(agent: &AgentRow) -> Option<Activity> {
+    (argv(agent).is_none() && url(agent, "activity_url").is_none()).then_some(Activity::Idle)
+}
+
 pub async fn activity(
     adapters: &Adapters,
     service: &RefCell<dyn Host>,

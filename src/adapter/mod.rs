@@ -85,6 +85,17 @@ impl Adapters {
         }
     }
 
+    /// The recipient's activity when the adapter can tell it without asking anyone: an HTTP
+    /// command agent without an `activity_url` is taken as idle (the one-active-delivery
+    /// rule keeps our writes apart). The engine then answers the activity checks inside the
+    /// step's own transaction. `None`: ask [`Adapters::activity`].
+    pub fn activity_without_io(agent: &AgentRow) -> Option<Activity> {
+        match Self::provider(agent) {
+            Some(Provider::Command) => command::activity_without_io(agent),
+            _ => None,
+        }
+    }
+
     /// Gets ready to write; an error here means nothing was written.
     pub fn prepare(&self, _agent: &AgentRow) -> Result<(), String> {
         Ok(())

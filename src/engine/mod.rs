@@ -100,6 +100,19 @@ struct Ctx {
     guard: outage::OutageGuard,
 }
 
+/// Makes the commits of this engine's connection up to now durable before an effect acts on
+/// them. It first lets every other job run up to its next wait: jobs whose reservations are
+/// ready at the same moment commit them, and the first to come back syncs them all in one
+/// `fdatasync` (group commit); the others find their commits already covered. A lone write
+/// waits one turn of the engine's task, no more.
+async fn durable(svc: &RefCell<Service>) -> Result<(), ServiceError> {
+    let mark = svc.borrow_mut().store_mut().changes_so_far();
+    tokio::task::yield_now().await;
+    let synced = svc.borrow_mut().store_mut().sync_upto(mark)?;
+    tracing::debug!(synced, "durable before the write");
+    Ok(())
+}
+
 /// One recipient's job: hands back the recipient and what it did.
 type Job = LocalBoxFuture<'static, (String, PassReport)>;
 
@@ -141,9 +154,8 @@ pub enum EngineError {
 
 impl Engine {
     /// Takes the engine lock of the database; `Err(Busy)` when another engine holds it.
-    pub fn new(service: Service, one_shot: bool) -> Result<Engine, EngineError> {
+    pub fn new(mut service: Service, one_shot: bool) -> Result<Engine, EngineError> {
         let path = sibling(service.db_path(), ".engine");
-        let service = Rc::new(RefCell::new(service));
         let mut options = File::options();
         options.create(true).truncate(false).write(true);
         #[cfg(unix)]
@@ -164,8 +176,13 @@ impl Engine {
                 )));
             }
         }
+        // The engine commits lazily and syncs before each effect instead (group commit).
+        service
+            .store_mut()
+            .commit_lazily()
+            .map_err(|e| EngineError::Io(e.to_string()))?;
         Ok(Engine {
-            service,
+            service: Rc::new(RefCell::new(service)),
             ctx: Rc::new(Ctx {
                 adapters: Adapters::new(),
                 policy: Policy::default(),
@@ -556,6 +573,26 @@ fn apply(
     report: &mut PassReport,
     event: impl FnOnce(&Tx<'_>) -> Result<EventKind, ServiceError>,
 ) -> Result<Applied, ServiceError> {
+    apply_all(
+        ctx,
+        svc,
+        id,
+        report,
+        |tx| Ok(vec![event(tx)?]),
+        &mut |_, _, _| Ok(None),
+    )
+}
+
+/// Applies `events`, then whatever effects `follow` answers without IO, in one transaction
+/// ([`Service::commit_steps`]).
+fn apply_all(
+    ctx: &Ctx,
+    svc: &RefCell<Service>,
+    id: &str,
+    report: &mut PassReport,
+    events: impl FnOnce(&Tx<'_>) -> Result<Vec<EventKind>, ServiceError>,
+    follow: service::deliveries::Follow<'_>,
+) -> Result<Applied, ServiceError> {
     let policy = &ctx.policy;
     // Just accepted: observe at once (a short turn may already be over); just refused once:
     // the one retry goes at once. Only on the move itself: a look that changed nothing waits
@@ -576,7 +613,9 @@ fn apply(
             due_after(policy, record, agent, now)
         }
     };
-    let committed = svc.borrow_mut().commit_step(id, policy, event, &schedule)?;
+    let committed = svc
+        .borrow_mut()
+        .commit_steps(id, policy, events, follow, &schedule)?;
     let moved = matches!(committed.change, Change::Moved { .. });
     if moved {
         report.moved += 1;
@@ -587,6 +626,52 @@ fn apply(
         effects: committed.effects,
         agent: committed.agent,
     })
+}
+
+/// What a step's transaction can answer itself, so a delivery takes fewer transactions: the
+/// reservation's look for another active delivery to the recipient (a fact of the database),
+/// and, when the recipient's adapter knows its activity without asking anyone, the activity
+/// check and the send boundary (whose other facts are read in the same transaction). The
+/// record is the one the previous step left; every answer goes to its frozen target.
+fn in_transaction<'a>(
+    ctx: &'a Ctx,
+    id: &'a str,
+) -> impl FnMut(&Tx<'_>, &Delivery, &Effect) -> Result<Option<EventKind>, ServiceError> + 'a {
+    move |tx, record, effect| {
+        let target = record.core().target();
+        let quiet = || -> Result<Option<model::Activity>, ServiceError> {
+            Ok(tx
+                .agent(target.agent.as_str())?
+                .map(|a| a.at_target(target))
+                .filter(|a| ctx.adapters.prepare(a).is_ok())
+                .and_then(|a| Adapters::activity_without_io(&a)))
+        };
+        Ok(match effect {
+            Effect::Reserve if !ctx.policy.planted(model::PlantedBug::ReserveAfterWrite) => {
+                Some(EventKind::Reservation {
+                    earlier_active: tx
+                        .active_for(target.agent.as_str(), id)?
+                        .map(model::MessageId::new),
+                })
+            }
+            Effect::CheckActivity => {
+                quiet()?.map(|activity| EventKind::ActivityObserved { activity })
+            }
+            Effect::Prepare => match quiet()? {
+                Some(activity) => {
+                    let facts = facts(tx, id, ctx.one_shot)?;
+                    Some(EventKind::SendBoundary {
+                        permission: facts.permission,
+                        recipient: facts.recipient,
+                        activity,
+                        work_open: facts.work_open,
+                    })
+                }
+                None => None,
+            },
+            _ => None,
+        })
+    }
 }
 
 /// The end of a pass that recorded nothing: the delivery is looked at again after its state's
@@ -621,17 +706,25 @@ async fn deliver(
         .read(|tx| tx.config("outageGuard"))?
         .unwrap_or(Value::Null);
     let outage = ctx.guard.check(&ctx.adapters.http, &config).await;
-    let first = apply(ctx, svc, id, report, |_| Ok(EventKind::TimePassed))?;
-    let mut saved = first.saved;
-    let mut queue: VecDeque<Effect> = first.effects.into();
     let one_shot = ctx.one_shot;
-    let started = apply(ctx, svc, id, report, |tx| {
-        let mut facts = facts(tx, id, one_shot)?;
-        facts.outage.clone_from(&outage);
-        Ok(EventKind::PassStarted(facts))
-    })?;
-    saved |= started.saved;
-    queue.extend(started.effects);
+    // The time check and the pass's facts in one transaction, followed by as much as the
+    // transaction can answer itself (for an HTTP recipient without an activity source:
+    // through the reservation and the send boundary, so the write's reservation is this
+    // one commit).
+    let started = apply_all(
+        ctx,
+        svc,
+        id,
+        report,
+        |tx| {
+            let mut facts = facts(tx, id, one_shot)?;
+            facts.outage.clone_from(&outage);
+            Ok(vec![EventKind::TimePassed, EventKind::PassStarted(facts)])
+        },
+        &mut in_transaction(ctx, id),
+    )?;
+    let mut saved = started.saved;
+    let mut queue: VecDeque<Effect> = started.effects.into();
     let record = started.record;
     // The record as last committed, for the planted reordering below.
     let mut current = record.clone();
@@ -656,20 +749,32 @@ async fn deliver(
         let next = match effect {
             Effect::CheckActivity => {
                 let activity = adapters.activity(svc, &agent).await;
-                apply(ctx, svc, id, report, |_| {
-                    Ok(EventKind::ActivityObserved { activity })
-                })?
+                apply_all(
+                    ctx,
+                    svc,
+                    id,
+                    report,
+                    |_| Ok(vec![EventKind::ActivityObserved { activity }]),
+                    &mut in_transaction(ctx, id),
+                )?
             }
             Effect::Reserve if ctx.policy.planted(model::PlantedBug::ReserveAfterWrite) => {
                 planted_reserve_after_write(ctx, svc, id, &current, &agent, report).await?
             }
             Effect::Reserve => {
                 let rcpt = recipient.clone();
-                apply(ctx, svc, id, report, |tx| {
-                    Ok(EventKind::Reservation {
-                        earlier_active: tx.active_for(&rcpt, id)?.map(model::MessageId::new),
-                    })
-                })?
+                apply_all(
+                    ctx,
+                    svc,
+                    id,
+                    report,
+                    |tx| {
+                        Ok(vec![EventKind::Reservation {
+                            earlier_active: tx.active_for(&rcpt, id)?.map(model::MessageId::new),
+                        }])
+                    },
+                    &mut in_transaction(ctx, id),
+                )?
             }
             Effect::Prepare => {
                 if let Err(e) = adapters.prepare(&agent) {
@@ -687,6 +792,12 @@ async fn deliver(
                 })?
             }
             Effect::Write { request_id, .. } => {
+                // The commit that reserved this write (and everything before it) is on
+                // stable storage before the write goes out: a power cut cannot take the
+                // reservation back and let the next engine write again (G2, G8).
+                if !crate::planted::planted(crate::planted::Plant::NoSyncBeforeWrite) {
+                    durable(svc).await?;
+                }
                 let mut outcome =
                     write_now(ctx, svc, id, &agent, request_id.as_str(), report).await?;
                 if ctx.policy.planted(model::PlantedBug::RetryUnknownWrite)

@@ -20,6 +20,12 @@ pub struct Committed {
 /// release needs none).
 pub type Schedule<'a> = &'a dyn Fn(&Change, &Delivery, Option<&AgentRow>, Millis) -> Option<i64>;
 
+/// Answers an effect inside the step's own transaction when that needs nothing from outside
+/// the database (a reservation's look for another active delivery, the activity of a
+/// recipient whose adapter has no activity source): the event it leads to, or `None` to stop
+/// there and hand the effect back.
+pub type Follow<'a> = &'a mut dyn FnMut(&Tx<'_>, &Delivery, &Effect) -> Result<Option<EventKind>>;
+
 impl Service {
     /// Applies one event to the stored delivery `id` in one transaction: the record as
     /// stored now (a person may have released it meanwhile, or the engine moved it), `step`
@@ -32,52 +38,105 @@ impl Service {
         event: impl FnOnce(&Tx<'_>) -> Result<EventKind>,
         schedule: Schedule<'_>,
     ) -> Result<Committed> {
+        self.commit_steps(
+            id,
+            policy,
+            |tx| Ok(vec![event(tx)?]),
+            &mut |_, _, _| Ok(None),
+            schedule,
+        )
+    }
+
+    /// Applies `events` one after another to the stored delivery `id`, then every effect
+    /// `follow` can answer inside the same transaction, and commits the result once: the
+    /// record as stored now, each `step` under `policy`, the last record with when to look
+    /// again, and a history line for each move. What the steps ask for and `follow` cannot
+    /// answer is handed back in order. Nothing is recorded when no step changed anything.
+    pub fn commit_steps(
+        &mut self,
+        id: &str,
+        policy: &Policy,
+        events: impl FnOnce(&Tx<'_>) -> Result<Vec<EventKind>>,
+        follow: Follow<'_>,
+        schedule: Schedule<'_>,
+    ) -> Result<Committed> {
         let now = self.now();
         let mut by_person = false;
+        let mut moves = Vec::new();
         let committed = self.store.write(|tx| -> Result<Committed> {
             let row = tx
                 .delivery(id)?
                 .ok_or_else(|| ServiceError::NotFound(format!("no delivery {id}")))?;
-            let kind = event(tx)?;
-            by_person = matches!(kind, EventKind::Release { .. });
-            let step = model::step(row.record.clone(), Event::new(now, kind), policy);
-            let agent = tx.agent(&row.recipient)?;
-            let committed = |step: model::Step, agent| Committed {
-                record: step.record,
-                effects: step.effects,
-                agent,
-                change: step.change,
-            };
-            if matches!(step.change, Change::Ignored { .. } | Change::Unchanged) {
-                return Ok(committed(step, agent));
-            }
-            let due = schedule(&step.change, &step.record, agent.as_ref(), now);
-            tx.save_delivery(id, &step.record, due, millis(now))?;
-            let note_changed = step.record.core().note() != row.record.core().note();
-            let freed = match step.change {
-                Change::Moved { from, to } => {
-                    !step.record.is_active()
+            let mut record = row.record.clone();
+            let mut effects = std::collections::VecDeque::new();
+            let mut change: Option<Change> = None;
+            let mut freed = false;
+            let mut lines: Vec<(&str, String)> = Vec::new();
+            let mut pending: std::collections::VecDeque<EventKind> = events(tx)?.into();
+            loop {
+                let kind = match pending.pop_front() {
+                    Some(kind) => kind,
+                    None => match effects.front() {
+                        Some(effect) => match follow(tx, &record, effect)? {
+                            Some(kind) => {
+                                effects.pop_front();
+                                kind
+                            }
+                            None => break,
+                        },
+                        None => break,
+                    },
+                };
+                by_person |= matches!(kind, EventKind::Release { .. });
+                let note_before = record.core().note().map(str::to_owned);
+                let step = model::step(record, Event::new(now, kind), policy);
+                effects.extend(step.effects);
+                record = step.record;
+                change = Some(merge(change, step.change.clone()));
+                if let Change::Moved { from, to } = step.change {
+                    freed |= !record.is_active()
                         && (from.class() == model::Class::Active
-                            || to.class() == model::Class::Terminal)
+                            || to.class() == model::Class::Terminal);
+                    moves.push((from, to, record.detail()));
                 }
-                _ => false,
-            };
-            if by_person {
-                tx.event(millis(now), Some(id), "release", &step.record.detail())?;
-            } else if let Change::Moved { from, to } = step.change {
-                tx.event(
-                    millis(now),
-                    Some(id),
-                    "state",
-                    &format!("{from} → {to}: {}", step.record.detail()),
-                )?;
-            } else if note_changed && step.record.core().note().is_some() {
-                tx.event(millis(now), Some(id), "note", &step.record.detail())?;
+                if by_person {
+                    if matches!(step.change, Change::Moved { .. } | Change::Updated) {
+                        lines.push(("release", record.detail()));
+                    }
+                } else if let Change::Moved { from, to } = step.change {
+                    lines.push(("state", format!("{from} → {to}: {}", record.detail())));
+                } else if step.change == Change::Updated
+                    && record.core().note() != note_before.as_deref()
+                    && record.core().note().is_some()
+                {
+                    lines.push(("note", record.detail()));
+                }
+            }
+            let change = change.unwrap_or(Change::Unchanged);
+            let agent = tx.agent(&row.recipient)?;
+            if matches!(change, Change::Ignored { .. } | Change::Unchanged) {
+                moves.clear();
+                return Ok(Committed {
+                    record,
+                    effects: effects.into(),
+                    agent,
+                    change,
+                });
+            }
+            let due = schedule(&change, &record, agent.as_ref(), now);
+            tx.save_delivery(id, &record, due, millis(now))?;
+            for (kind, text) in &lines {
+                tx.event(millis(now), Some(id), kind, text)?;
             }
             if freed || by_person {
                 tx.wake_recipient(&row.recipient, millis(now))?;
             }
-            Ok(committed(step, agent))
+            Ok(Committed {
+                record,
+                effects: effects.into(),
+                agent,
+                change,
+            })
         })?;
         // Said once it is committed: a step rolled back never shows as a move.
         if by_person {
@@ -86,16 +145,29 @@ impl Service {
                 detail = %committed.record.detail(),
                 "released by a person"
             );
-        } else if let Change::Moved { from, to } = committed.change {
-            tracing::info!(
-                delivery = id,
-                recipient = %committed.record.core().target().agent,
-                %from,
-                %to,
-                detail = %committed.record.detail(),
-                "delivery moved"
-            );
+        } else {
+            for (from, to, detail) in moves {
+                tracing::info!(
+                    delivery = id,
+                    recipient = %committed.record.core().target().agent,
+                    %from,
+                    %to,
+                    %detail,
+                    "delivery moved"
+                );
+            }
         }
         Ok(committed)
+    }
+}
+
+/// What several steps in one transaction changed, taken together: the first state left and
+/// the last one reached when any moved, else an update if any updated, else the last.
+fn merge(before: Option<Change>, next: Change) -> Change {
+    match (before, next) {
+        (Some(Change::Moved { from, .. }), Change::Moved { to, .. }) => Change::Moved { from, to },
+        (Some(moved @ Change::Moved { .. }), _) | (_, moved @ Change::Moved { .. }) => moved,
+        (Some(Change::Updated), _) | (_, Change::Updated) => Change::Updated,
+        (_, next) => next,
     }
 }

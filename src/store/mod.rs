@@ -89,6 +89,10 @@ pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 pub struct Store {
     conn: Connection,
     path: PathBuf,
+    /// Commits are not synced as they are made ([`Store::commit_lazily`]).
+    lazy: bool,
+    /// This connection's `total_changes` when its WAL was last synced.
+    synced_changes: u64,
 }
 
 /// The token file beside a database: `<db>.token`.
@@ -152,23 +156,27 @@ pub fn connect(path: &Path, create: bool) -> Result<Connection> {
     Ok(conn)
 }
 
-/// The settings every handoffs database runs with: WAL, `synchronous` NORMAL (durable against
-/// a killed process, the engine's crash model) or FULL with `HANDOFFS_SYNC=full` (power loss
-/// too, at about a tenth of the commit rate), foreign keys, temporary tables in memory.
+/// The settings every handoffs database runs with: WAL, `synchronous=FULL` (each commit's WAL
+/// frames are on stable storage before the commit returns, so a power cut never takes back
+/// what a front reported done), foreign keys, temporary tables in memory. The engine's own
+/// connection then commits lazily and syncs before each effect instead
+/// ([`Store::commit_lazily`], [`Store::sync_upto`]).
 pub fn settle(conn: &Connection) -> Result<()> {
     let journal: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
     if !journal.eq_ignore_ascii_case("wal") {
         let _: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
     }
-    let sync = if std::env::var("HANDOFFS_SYNC").is_ok_and(|v| v.eq_ignore_ascii_case("full")) {
-        "FULL"
-    } else {
-        "NORMAL"
-    };
-    conn.execute_batch(&format!(
-        "PRAGMA synchronous={sync}; PRAGMA foreign_keys=ON; PRAGMA temp_store=MEMORY;"
-    ))?;
+    conn.execute_batch(
+        "PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON; PRAGMA temp_store=MEMORY;",
+    )?;
     Ok(())
+}
+
+/// `HANDOFFS_SYNC=full`: the engine too syncs every commit as it is made (one fsync per
+/// transaction, no group commit; measured in docs/PERFORMANCE.md), instead of committing
+/// lazily and syncing once before each effect.
+fn sync_every_commit() -> bool {
+    std::env::var("HANDOFFS_SYNC").is_ok_and(|v| v.eq_ignore_ascii_case("full"))
 }
 
 impl Store {
@@ -267,7 +275,12 @@ impl Store {
         // Absolute, so every process it is handed to (supervisors, commands running in another
         // folder through HANDOFFS_DB) finds the same database.
         let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
-        let mut store = Store { conn, path };
+        let mut store = Store {
+            conn,
+            path,
+            lazy: false,
+            synced_changes: 0,
+        };
         if version < migrations::LATEST {
             store.migrate(version)?;
         }
@@ -336,6 +349,54 @@ impl Store {
         let out = f(&Tx { tx: &tx })?;
         tx.commit().map_err(StoreError::from)?;
         Ok(out)
+    }
+
+    /// From now on this connection's commits are not synced as they are made (`synchronous`
+    /// NORMAL: a power cut may take back the newest of them, never tear one); whoever
+    /// commits lazily calls [`Store::sync_upto`] before anything outside the database acts
+    /// on what it committed. The engine's connection only; a no-op with `HANDOFFS_SYNC=full`.
+    pub fn commit_lazily(&mut self) -> Result<()> {
+        if !sync_every_commit() {
+            self.conn.execute_batch("PRAGMA synchronous=NORMAL;")?;
+            self.lazy = true;
+        }
+        Ok(())
+    }
+
+    /// How many rows this connection has changed so far: a mark to hand to
+    /// [`Store::sync_upto`] right after a commit.
+    pub fn changes_so_far(&self) -> u64 {
+        self.conn.total_changes()
+    }
+
+    /// Makes every commit of this connection up to `mark` (from [`Store::changes_so_far`])
+    /// durable: one `fdatasync` of the WAL file, unless an earlier sync already covered it
+    /// (so commits made at the same moment share one: group commit). The WAL holds every
+    /// commit since the last checkpoint, and a checkpoint syncs the database file itself,
+    /// so this is what `synchronous=FULL` would have done at each of those commits. SQLite
+    /// offers no call for it; it is hand-written on purpose (docs/ARCHITECTURE.md). Returns
+    /// whether it synced.
+    pub fn sync_upto(&mut self, mark: u64) -> Result<bool> {
+        if !self.lazy || self.synced_changes >= mark {
+            return Ok(false);
+        }
+        let now = self.conn.total_changes();
+        let wal = sibling(&self.path, "-wal");
+        match std::fs::File::open(&wal) {
+            Ok(f) => f
+                .sync_data()
+                .map_err(|e| StoreError::Io(format!("cannot sync {}: {e}", wal.display())))?,
+            // No WAL file: everything is in the database file, synced by its checkpoint.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(StoreError::Io(format!(
+                    "cannot open {} to sync it: {e}",
+                    wal.display()
+                )));
+            }
+        }
+        self.synced_changes = now;
+        Ok(true)
     }
 
     /// SQLite's `data_version`: changes whenever another connection commits. Polling it is
