@@ -572,6 +572,13 @@ fn supervisor_command(
     Ok(cmd)
 }
 
+/// HTTP mode without a `status_url`: an accepted POST counts as returned at once (SPEC §4).
+pub fn observe_without_io(agent: &AgentRow, request_id: &str) -> Option<Observed> {
+    (argv(agent).is_none() && url(agent, "status_url").is_none()).then(|| Observed::Returned {
+        turn: TurnId::new(request_id),
+    })
+}
+
 pub async fn observe(
     adapters: &Adapters,
     service: &RefCell<dyn Host>,

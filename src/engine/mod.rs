@@ -18,7 +18,7 @@ use crate::adapter::outage;
 
 use crate::adapter::{Adapters, Write};
 use crate::service::{self, Service, ServiceError, card};
-use crate::store::{AgentRow, Tx, millis, sibling};
+use crate::store::{AgentRow, QUEUE_HEADS, Tx, millis, sibling};
 use futures_util::StreamExt;
 use futures_util::future::LocalBoxFuture;
 use futures_util::stream::FuturesUnordered;
@@ -34,8 +34,6 @@ use std::time::{Duration, Instant};
 
 /// How many deliveries one pass looks at, at most.
 const PASS_DELIVERIES_MAX: i64 = 2_000;
-/// Of the deliveries queued for one recipient, how many a pass looks at.
-const QUEUED_PER_RECIPIENT: i64 = 2;
 /// How many recipients are served at once, at most.
 const JOBS_MAX: usize = 64;
 /// How many deliveries one job takes through before it hands back (run mode).
@@ -348,7 +346,7 @@ impl Engine {
             .service
             .borrow_mut()
             .store_mut()
-            .read(|tx| tx.due(now, QUEUED_PER_RECIPIENT, PASS_DELIVERIES_MAX));
+            .read(|tx| tx.due(now, QUEUE_HEADS, PASS_DELIVERIES_MAX));
         let due = match due {
             Ok(due) => due,
             Err(e) => {
@@ -544,7 +542,7 @@ async fn serve(
                 let mut s = svc.borrow_mut();
                 let now = millis(s.now());
                 s.store_mut()
-                    .read(|tx| tx.due_for(&recipient, now, QUEUED_PER_RECIPIENT))
+                    .read(|tx| tx.due_for(&recipient, now, QUEUE_HEADS))
             };
             match more {
                 Ok(more) => ids.extend(more),
@@ -629,10 +627,11 @@ fn apply_all(
 }
 
 /// What a step's transaction can answer itself, so a delivery takes fewer transactions: the
-/// reservation's look for another active delivery to the recipient (a fact of the database),
-/// and, when the recipient's adapter knows its activity without asking anyone, the activity
-/// check and the send boundary (whose other facts are read in the same transaction). The
-/// record is the one the previous step left; every answer goes to its frozen target.
+/// reservation's look for another active delivery to the recipient (a fact of the database);
+/// when the recipient's adapter knows its activity without asking anyone, the activity check
+/// and the send boundary (whose other facts are read in the same transaction); and when it
+/// knows the outcome of an accepted write without asking, the observation. The record is
+/// the one the previous step left; every answer is about its frozen target.
 fn in_transaction<'a>(
     ctx: &'a Ctx,
     id: &'a str,
@@ -657,6 +656,11 @@ fn in_transaction<'a>(
             Effect::CheckActivity => {
                 quiet()?.map(|activity| EventKind::ActivityObserved { activity })
             }
+            Effect::Observe { request_id } => tx
+                .agent(target.agent.as_str())?
+                .map(|a| a.at_target(target))
+                .and_then(|a| Adapters::observe_without_io(&a, request_id.as_str()))
+                .map(|observed| EventKind::Observation { observed }),
             Effect::Prepare => match quiet()? {
                 Some(activity) => {
                     let facts = facts(tx, id, ctx.one_shot)?;
@@ -808,9 +812,14 @@ async fn deliver(
                 {
                     outcome = write_now(ctx, svc, id, &agent, request_id.as_str(), report).await?;
                 }
-                apply(ctx, svc, id, report, |_| {
-                    Ok(EventKind::WriteResult { outcome })
-                })?
+                apply_all(
+                    ctx,
+                    svc,
+                    id,
+                    report,
+                    |_| Ok(vec![EventKind::WriteResult { outcome }]),
+                    &mut in_transaction(ctx, id),
+                )?
             }
             Effect::Observe { request_id } => {
                 let observed = adapters.observe(svc, &agent, request_id.as_str()).await;
@@ -996,7 +1005,7 @@ impl Engine {
                 .service
                 .borrow_mut()
                 .store_mut()
-                .read(|tx| tx.next_due(QUEUED_PER_RECIPIENT))
+                .read(|tx| tx.next_due(QUEUE_HEADS))
                 .ok()
                 .flatten();
             let mut wait = match next_due {

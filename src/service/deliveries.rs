@@ -3,7 +3,7 @@
 //! (SPEC §5: commit before effect).
 
 use super::{Result, Service, ServiceError};
-use crate::store::{AgentRow, Tx, millis};
+use crate::store::{AgentRow, QUEUE_HEADS, Tx, millis};
 use model::{Change, Delivery, Effect, Event, EventKind, Millis, Policy};
 
 /// What one committed step left: the record, the effects it asks for, the recipient as
@@ -129,7 +129,7 @@ impl Service {
                 tx.event(millis(now), Some(id), kind, text)?;
             }
             if freed || by_person {
-                tx.wake_recipient(&row.recipient, millis(now))?;
+                tx.wake_queue(&row.recipient, millis(now), QUEUE_HEADS)?;
             }
             Ok(Committed {
                 record,

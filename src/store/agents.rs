@@ -91,7 +91,7 @@ impl Tx<'_> {
     }
 
     pub fn upsert_agent(&self, a: &AgentRow) -> Result<()> {
-        self.tx.execute(
+        self.exec(
             "INSERT INTO agents (id, name, provider, endpoint, cwd, settings, created_at, updated_at)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
              ON CONFLICT (id) DO UPDATE SET name = excluded.name, provider = excluded.provider,
@@ -112,7 +112,7 @@ impl Tx<'_> {
     }
 
     pub fn remove_agent(&self, id: &str) -> Result<bool> {
-        Ok(self.tx.execute("DELETE FROM agents WHERE id = ?1", [id])? > 0)
+        Ok(self.exec("DELETE FROM agents WHERE id = ?1", [id])? > 0)
     }
 
     /// The explicit connection row for from→to, if any.
@@ -127,7 +127,7 @@ impl Tx<'_> {
     }
 
     pub fn set_connection(&self, from: &str, to: &str, allowed: bool) -> Result<()> {
-        self.tx.execute(
+        self.exec(
             "INSERT INTO connections (from_agent, to_agent, allowed) VALUES (?1, ?2, ?3)
              ON CONFLICT (from_agent, to_agent) DO UPDATE SET allowed = excluded.allowed",
             params![from, to, allowed],

@@ -5,8 +5,7 @@ use super::{OptionalExtension, Result, Tx, Value, params};
 impl Tx<'_> {
     pub fn config(&self, key: &str) -> Result<Option<Value>> {
         let v: Option<String> = self
-            .tx
-            .query_row("SELECT value FROM config WHERE key = ?1", [key], |r| {
+            .row("SELECT value FROM config WHERE key = ?1", [key], |r| {
                 r.get(0)
             })
             .optional()?;
@@ -14,7 +13,7 @@ impl Tx<'_> {
     }
 
     pub fn set_config(&self, key: &str, value: &Value) -> Result<()> {
-        self.tx.execute(
+        self.exec(
             "INSERT INTO config (key, value) VALUES (?1, ?2)
              ON CONFLICT (key) DO UPDATE SET value = excluded.value",
             params![key, value.to_string()],
@@ -23,7 +22,7 @@ impl Tx<'_> {
     }
 
     pub fn save_report(&self, at: i64, report: &Value) -> Result<()> {
-        self.tx.execute(
+        self.exec(
             "INSERT INTO engine (id, at, report) VALUES (1, ?1, ?2)
              ON CONFLICT (id) DO UPDATE SET at = excluded.at, report = excluded.report",
             params![at, report.to_string()],
@@ -33,8 +32,7 @@ impl Tx<'_> {
 
     pub fn report(&self) -> Result<Option<(i64, Value)>> {
         let row: Option<(i64, String)> = self
-            .tx
-            .query_row("SELECT at, report FROM engine WHERE id = 1", [], |r| {
+            .row("SELECT at, report FROM engine WHERE id = 1", [], |r| {
                 Ok((r.get(0)?, r.get(1)?))
             })
             .optional()?;

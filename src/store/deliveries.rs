@@ -56,12 +56,16 @@ pub(super) fn class_of(kind: StateKind) -> &'static str {
     }
 }
 
+/// Of the deliveries queued for one recipient, how many the engine looks at (and a
+/// delivery that stops holding its recipient wakes): the head of the queue.
+pub const QUEUE_HEADS: i64 = 2;
+
 impl Tx<'_> {
     pub fn insert_delivery(&self, d: &DeliveryRow, seq_of_message: &str) -> Result<()> {
         let json =
             serde_json::to_string(&d.record).map_err(|e| StoreError::Sqlite(e.to_string()))?;
         let kind = d.record.kind();
-        self.tx.execute(
+        self.exec(
             "INSERT INTO deliveries (message_id, seq, recipient, state, class, record, due_at, updated_at)
              VALUES (?1, (SELECT seq FROM messages WHERE id = ?2), ?3, ?4, ?5, ?6, ?7, ?8)",
             params![
@@ -103,7 +107,7 @@ impl Tx<'_> {
     ) -> Result<()> {
         let json = serde_json::to_string(record).map_err(|e| StoreError::Sqlite(e.to_string()))?;
         let kind = record.kind();
-        self.tx.execute(
+        self.exec(
             "UPDATE deliveries SET state = ?2, class = ?3, record = ?4, due_at = ?5, updated_at = ?6
              WHERE message_id = ?1",
             params![message_id, kind.as_str(), class_of(kind), json, due_at, now],
@@ -112,7 +116,7 @@ impl Tx<'_> {
     }
 
     pub fn set_due(&self, message_id: &str, due_at: Option<i64>) -> Result<()> {
-        self.tx.execute(
+        self.exec(
             "UPDATE deliveries SET due_at = ?2 WHERE message_id = ?1",
             params![message_id, due_at],
         )?;
@@ -121,7 +125,7 @@ impl Tx<'_> {
 
     /// Makes every pending delivery to `recipient` due now (its earlier delivery settled).
     pub fn wake_recipient(&self, recipient: &str, now: i64) -> Result<()> {
-        self.tx.execute(
+        self.exec(
             "UPDATE deliveries SET due_at = ?2 WHERE recipient = ?1 AND class = 'pending'
                AND (due_at IS NULL OR due_at > ?2)",
             params![recipient, now],
@@ -129,9 +133,25 @@ impl Tx<'_> {
         Ok(())
     }
 
+    /// Makes the head of `recipient`'s queue due at `now`: its first `heads` queued
+    /// deliveries, the only ones the engine looks at (a delivery stopped holding the
+    /// recipient). Unlike [`Tx::wake_recipient`] it costs the same however long the queue.
+    pub fn wake_queue(&self, recipient: &str, now: i64, heads: i64) -> Result<()> {
+        self.exec(
+            "UPDATE deliveries SET due_at = ?2 WHERE message_id IN (
+                 SELECT message_id FROM deliveries
+                 WHERE class = 'pending' AND recipient = ?1
+                   AND state IN ('WAITING', 'BUSY', 'OWNER_REJECTED')
+                 ORDER BY seq LIMIT ?3)
+               AND (due_at IS NULL OR due_at > ?2)",
+            params![recipient, now, heads],
+        )?;
+        Ok(())
+    }
+
     /// Makes every pending delivery due at `now` (a change of `enabled` or `connections`).
     pub fn wake_pending(&self, now: i64) -> Result<()> {
-        self.tx.execute(
+        self.exec(
             "UPDATE deliveries SET due_at = ?1 WHERE class = 'pending'
                AND (due_at IS NULL OR due_at > ?1)",
             params![now],
@@ -156,7 +176,7 @@ impl Tx<'_> {
         let mut out: Vec<(i64, i64, String)> = Vec::new();
         let mut others = self.tx.prepare_cached(
             "SELECT message_id, CASE class WHEN 'active' THEN 0 ELSE 1 END, seq FROM deliveries
-             WHERE recipient = ?1 AND due_at <= ?2
+             WHERE recipient = ?1 AND due_at <= ?2 AND due_at IS NOT NULL
                AND state NOT IN ('WAITING', 'BUSY', 'OWNER_REJECTED')
              ORDER BY due_at LIMIT 64",
         )?;
@@ -195,7 +215,8 @@ impl Tx<'_> {
         let mut others = self.tx.prepare_cached(
             "SELECT message_id, CASE class WHEN 'active' THEN 0 ELSE 1 END, seq, recipient
              FROM deliveries
-             WHERE due_at <= ?1 AND state NOT IN ('WAITING', 'BUSY', 'OWNER_REJECTED')
+             WHERE due_at <= ?1 AND due_at IS NOT NULL
+               AND state NOT IN ('WAITING', 'BUSY', 'OWNER_REJECTED')
              ORDER BY due_at LIMIT ?2",
         )?;
         for row in others.query_map(params![now, limit], |r| {
@@ -242,7 +263,7 @@ impl Tx<'_> {
             .prepare_cached(
                 "SELECT min(due_at) FROM (
                SELECT due_at FROM deliveries
-               WHERE state NOT IN ('WAITING', 'BUSY', 'OWNER_REJECTED') AND due_at IS NOT NULL
+               WHERE due_at IS NOT NULL AND state NOT IN ('WAITING', 'BUSY', 'OWNER_REJECTED')
                UNION ALL
                SELECT (SELECT min(due_at) FROM (
                          SELECT due_at FROM deliveries d

@@ -42,7 +42,7 @@ pub(super) const MESSAGE_COLS: &str = "id, sender, recipient, body, body_hash, i
 
 impl Tx<'_> {
     pub fn insert_message(&self, m: &MessageRow) -> Result<()> {
-        self.tx.execute(
+        self.exec(
             &format!("INSERT INTO messages ({MESSAGE_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"),
             params![
                 m.id, m.sender, m.recipient, m.body, m.body_hash, m.intent, m.kind, m.title,
@@ -90,7 +90,7 @@ impl Tx<'_> {
     }
 
     pub fn mark_read(&self, id: &str, at: i64) -> Result<bool> {
-        Ok(self.tx.execute(
+        Ok(self.exec(
             "UPDATE messages SET read_at = ?2 WHERE id = ?1 AND read_at IS NULL",
             params![id, at],
         )? > 0)

@@ -3,10 +3,10 @@
 //! does not yet build against rusqlite 0.43, and this is twenty lines.
 
 /// The schema version this build writes.
-pub const LATEST: i64 = 5;
+pub const LATEST: i64 = 6;
 
 /// `STEPS[i]` migrates from version `i` to `i + 1`.
-pub const STEPS: [&str; 5] = [
+pub const STEPS: [&str; 6] = [
     r"
 CREATE TABLE agents (
     id TEXT PRIMARY KEY,
@@ -135,4 +135,14 @@ CREATE INDEX IF NOT EXISTS channel_pushes_waiting ON channel_pushes (listener) W
     // when its message was seen nowhere (`runs.left_open_at`, `runs.missing_since`). Done by
     // `Store::migrate` (`migrate_5`): each change only where it is missing.
     "",
+    // 5 → 6: the engine's look for due deliveries other than queued ones reads only those
+    // (a backlog of queued deliveries, all due, made each look as long as the backlog).
+    r"
+DROP INDEX IF EXISTS deliveries_due;
+DROP INDEX IF EXISTS deliveries_recipient_due;
+CREATE INDEX deliveries_due ON deliveries (due_at)
+    WHERE due_at IS NOT NULL AND state NOT IN ('WAITING', 'BUSY', 'OWNER_REJECTED');
+CREATE INDEX deliveries_recipient_due ON deliveries (recipient, due_at)
+    WHERE due_at IS NOT NULL AND state NOT IN ('WAITING', 'BUSY', 'OWNER_REJECTED');
+",
 ];

@@ -88,7 +88,7 @@ pub(super) const RUN_COLS: &str =
 
 impl Tx<'_> {
     pub fn insert_run(&self, r: &RunRow) -> Result<()> {
-        self.tx.execute(
+        self.exec(
             &format!(
                 "INSERT INTO runs ({RUN_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
             ),
@@ -120,7 +120,7 @@ impl Tx<'_> {
 
     /// Forgets a refused run (it never ran), so a retry with the same request id can run.
     pub fn forget_refused_run(&self, request_id: &str) -> Result<()> {
-        self.tx.execute(
+        self.exec(
             "DELETE FROM runs WHERE request_id = ?1 AND outcome = 'refused'",
             [request_id],
         )?;
@@ -129,7 +129,7 @@ impl Tx<'_> {
 
     /// Notes that the run's supervisor left it open (nobody could tell how its write ended).
     pub fn leave_run_open(&self, request_id: &str, at: i64) -> Result<()> {
-        self.tx.execute(
+        self.exec(
             "UPDATE runs SET left_open_at = ?2 WHERE request_id = ?1 AND outcome IS NULL",
             params![request_id, at],
         )?;
@@ -148,7 +148,7 @@ impl Tx<'_> {
 
     /// Notes since when an open run's message was seen nowhere (kept from the first look).
     pub fn mark_run_missing(&self, request_id: &str, at: i64) -> Result<()> {
-        self.tx.execute(
+        self.exec(
             "UPDATE runs SET missing_since = coalesce(missing_since, ?2)
              WHERE request_id = ?1 AND outcome IS NULL",
             params![request_id, at],
@@ -158,7 +158,7 @@ impl Tx<'_> {
 
     /// Records the pid of a run's command once it started.
     pub fn set_run_pid(&self, request_id: &str, pid: i64) -> Result<()> {
-        self.tx.execute(
+        self.exec(
             "UPDATE runs SET pid = ?2 WHERE request_id = ?1",
             params![request_id, pid],
         )?;
@@ -167,7 +167,7 @@ impl Tx<'_> {
 
     /// Registers a channel listener (a `handoffs mcp --channels` process).
     pub fn open_channel(&self, c: &ChannelRow) -> Result<()> {
-        self.tx.execute(
+        self.exec(
             "INSERT OR REPLACE INTO channels (pid, agent, session, claude_pid, opened_at)
              VALUES (?1, ?2, ?3, ?4, ?5)",
             params![c.pid, c.agent, c.session, c.claude_pid, c.opened_at],
@@ -176,8 +176,7 @@ impl Tx<'_> {
     }
 
     pub fn close_channel(&self, pid: i64) -> Result<()> {
-        self.tx
-            .execute("DELETE FROM channels WHERE pid = ?1", [pid])?;
+        self.exec("DELETE FROM channels WHERE pid = ?1", [pid])?;
         Ok(())
     }
 
@@ -203,7 +202,7 @@ impl Tx<'_> {
 
     /// A card for a channel listener to push.
     pub fn insert_push(&self, p: &PushRow) -> Result<()> {
-        self.tx.execute(
+        self.exec(
             "INSERT INTO channel_pushes
                (request_id, listener, session, claude_pid, content, meta, created_at, pushed_at)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
@@ -246,13 +245,13 @@ impl Tx<'_> {
     /// Takes a waiting card for pushing: marks it pushed and records the listener as the
     /// run's receipt. False when it was taken back (or taken) already.
     pub fn take_push(&self, request_id: &str, listener: i64, at: i64) -> Result<bool> {
-        let changed = self.tx.execute(
+        let changed = self.exec(
             "UPDATE channel_pushes SET pushed_at = ?3
              WHERE request_id = ?1 AND listener = ?2 AND pushed_at IS NULL",
             params![request_id, listener, at],
         )?;
         if changed > 0 {
-            self.tx.execute(
+            self.exec(
                 "UPDATE runs SET pid = ?2 WHERE request_id = ?1",
                 params![request_id, listener],
             )?;
@@ -262,7 +261,7 @@ impl Tx<'_> {
 
     /// Takes back a card no listener took: false when it was pushed meanwhile.
     pub fn withdraw_push(&self, request_id: &str) -> Result<bool> {
-        let changed = self.tx.execute(
+        let changed = self.exec(
             "DELETE FROM channel_pushes WHERE request_id = ?1 AND pushed_at IS NULL",
             [request_id],
         )?;
@@ -285,14 +284,14 @@ impl Tx<'_> {
         outcome: &str,
         detail: Option<&str>,
     ) -> Result<()> {
-        let changed = self.tx.execute(
+        let changed = self.exec(
             "UPDATE runs SET ended_at = ?2, exit_code = ?3, outcome = ?4, detail = ?5
              WHERE request_id = ?1 AND outcome IS NULL",
             params![request_id, at, exit_code, outcome, detail],
         )?;
         if changed > 0 {
             // The run's delivery is due at once: a running engine notices the commit.
-            self.tx.execute(
+            self.exec(
                 "UPDATE deliveries SET due_at = ?2 WHERE message_id =
                    (SELECT message_id FROM runs WHERE request_id = ?1) AND class = 'active'",
                 params![request_id, at],

@@ -53,7 +53,7 @@ pub type WorkTimes = (i64, Option<i64>, Option<i64>);
 
 impl Tx<'_> {
     pub fn insert_work(&self, w: &WorkRow) -> Result<()> {
-        self.tx.execute(
+        self.exec(
             &format!("INSERT INTO work ({WORK_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"),
             params![
                 w.id, w.sender, w.recipient, w.title, w.state.as_str(), w.due_at, w.reminded_at, w.summary,
@@ -72,7 +72,7 @@ impl Tx<'_> {
     }
 
     pub fn update_work(&self, w: &WorkRow) -> Result<()> {
-        self.tx.execute(
+        self.exec(
             "UPDATE work SET state = ?2, reminded_at = ?3, summary = ?4, evidence = ?5,
                outcome = ?6, note = ?7, updated_at = ?8 WHERE id = ?1",
             params![
