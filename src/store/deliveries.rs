@@ -60,6 +60,17 @@ pub(super) fn class_of(kind: StateKind) -> &'static str {
 /// delivery that stops holding its recipient wakes): the head of the queue.
 pub const QUEUE_HEADS: i64 = 2;
 
+/// The recipients with pending deliveries, as a `WITH` clause (`pending(recipient)`): a skip
+/// scan that jumps from one recipient to the next in the `deliveries_pending` index, so it
+/// costs the number of recipients, not of pending deliveries (`SELECT DISTINCT` read every
+/// one of 10,000 queued rows on each look of the engine).
+const PENDING_RECIPIENTS: &str = "WITH RECURSIVE pending(recipient) AS (
+        SELECT min(recipient) FROM deliveries WHERE class = 'pending'
+        UNION ALL
+        SELECT (SELECT min(d.recipient) FROM deliveries d
+                WHERE d.class = 'pending' AND d.recipient > p.recipient)
+        FROM pending p WHERE p.recipient IS NOT NULL)";
+
 impl Tx<'_> {
     pub fn insert_delivery(&self, d: &DeliveryRow, seq_of_message: &str) -> Result<()> {
         let json =
@@ -224,9 +235,9 @@ impl Tx<'_> {
         })? {
             out.push(row?);
         }
-        let mut recipients = self
-            .tx
-            .prepare_cached("SELECT DISTINCT recipient FROM deliveries WHERE class = 'pending'")?;
+        let mut recipients = self.tx.prepare_cached(&format!(
+            "{PENDING_RECIPIENTS} SELECT recipient FROM pending WHERE recipient IS NOT NULL"
+        ))?;
         let recipients: Vec<String> = recipients
             .query_map([], |r| r.get(0))?
             .collect::<rusqlite::Result<_>>()?;
@@ -260,8 +271,8 @@ impl Tx<'_> {
     pub fn next_due(&self, per_recipient: i64) -> Result<Option<i64>> {
         Ok(self
             .tx
-            .prepare_cached(
-                "SELECT min(due_at) FROM (
+            .prepare_cached(&format!(
+                "{PENDING_RECIPIENTS} SELECT min(due_at) FROM (
                SELECT due_at FROM deliveries
                WHERE due_at IS NOT NULL AND state NOT IN ('WAITING', 'BUSY', 'OWNER_REJECTED')
                UNION ALL
@@ -270,9 +281,9 @@ impl Tx<'_> {
                          WHERE d.class = 'pending' AND d.recipient = r.recipient
                            AND d.state IN ('WAITING', 'BUSY', 'OWNER_REJECTED')
                          ORDER BY d.seq LIMIT ?1))
-               FROM (SELECT DISTINCT recipient FROM deliveries WHERE class = 'pending') r
-             )",
-            )?
+               FROM pending r WHERE r.recipient IS NOT NULL
+             )"
+            ))?
             .query_row([per_recipient], |r| r.get(0))?)
     }
 
