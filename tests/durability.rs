@@ -15,19 +15,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// `strace`, or `None` (skipped, and said) when it is missing, except under `CI=true`.
+/// `strace` (`HANDOFFS_STRACE_BIN`, else `PATH`), or `None` (skipped, and said) when it is
+/// missing, except under `CI=true`.
 fn strace() -> Option<PathBuf> {
-    let found = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
-        .map(|d| d.join("strace"))
-        .find(|p| p.is_file());
-    if found.is_none() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "strace is not installed (CI=true): run .ci/run, or apt-get install strace"
-        );
-        eprintln!("skipped: strace is not installed");
-    }
-    found
+    common::cli_or_skip("strace", "HANDOFFS_STRACE_BIN")
 }
 
 /// One event of the trace that matters here.
