@@ -328,6 +328,7 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
     };
     ran.violations.extend(sim_error);
     verdicts.push(ran);
+    verdicts.push(kept_counts(&checker)?);
 
     let (out, ok) = report(&Report {
         seed,
@@ -1096,6 +1097,50 @@ fn delivery_rows(c: &rusqlite::Connection) -> Result<Vec<oracle::DeliveryRow>, S
     Ok(out)
 }
 
+/// The counts the store keeps as rows change (`delivery_counts`, the page's totals) against a
+/// count of the rows themselves, their records decoded here.
+fn kept_counts(c: &rusqlite::Connection) -> Result<oracle::Verdict, String> {
+    let err = |e: rusqlite::Error| e.to_string();
+    let mut counted: BTreeMap<String, (i64, i64, i64)> = BTreeMap::new();
+    let mut st = c
+        .prepare("SELECT message_id, record FROM deliveries")
+        .map_err(err)?;
+    let rows: Vec<(String, String)> = st
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .and_then(Iterator::collect)
+        .map_err(err)?;
+    for (id, raw) in rows {
+        let record: Delivery = serde_json::from_str(&raw)
+            .map_err(|e| format!("delivery {id} does not decode: {e}"))?;
+        let core = record.core();
+        let e = counted
+            .entry(record.kind().as_str().to_owned())
+            .or_default();
+        e.0 += 1;
+        e.1 += i64::from(core.attempts());
+        e.2 += i64::from(core.error_resends() + core.interrupt_resends());
+    }
+    let mut st = c
+        .prepare("SELECT state, n, attempts, resends FROM delivery_counts WHERE n != 0 OR attempts != 0 OR resends != 0")
+        .map_err(err)?;
+    let kept: BTreeMap<String, (i64, i64, i64)> = st
+        .query_map([], |r| Ok((r.get(0)?, (r.get(1)?, r.get(2)?, r.get(3)?))))
+        .and_then(Iterator::collect)
+        .map_err(err)?;
+    let mut v = oracle::Verdict {
+        key: "counts",
+        what: "the counts the store keeps match its deliveries",
+        exercised: counted.len(),
+        violations: Vec::new(),
+    };
+    if kept != counted {
+        v.violations.push(format!(
+            "kept (deliveries, attempts, resends) by state {kept:?}, counted {counted:?}"
+        ));
+    }
+    Ok(v)
+}
+
 /// Everything the oracle judges, read once the run is over.
 #[allow(clippy::too_many_arguments)]
 fn gather(
@@ -1300,4 +1345,63 @@ pub fn sweep(
         each(&o);
     }
     Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kept_counts;
+    use crate::service::Service;
+
+    /// The kept counts follow inserts and moves, and the check names a count that drifted.
+    #[test]
+    fn kept_counts_match_until_one_drifts() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("h.db");
+        let (mut s, _) = Service::init(&db).unwrap();
+        s.add_agent("a", Some("demo"), None, None, None, &[]).unwrap();
+        s.add_agent("b", Some("demo"), None, None, None, &[]).unwrap();
+        for i in 0..3 {
+            s.send("a", "b", &format!("m{i}"), None, None, None).unwrap();
+        }
+        let c = rusqlite::Connection::open(&db).unwrap();
+        let v = kept_counts(&c).unwrap();
+        assert!(v.ok(), "{:?}", v.violations);
+        assert_eq!(v.exercised, 1);
+        c.execute("UPDATE delivery_counts SET n = n + 1", []).unwrap();
+        let v = kept_counts(&c).unwrap();
+        assert!(!v.ok());
+        assert!(v.violations[0].starts_with("kept (deliveries, attempts, resends)"));
+    }
+
+    /// A database of schema 6 gets its counts from the records it holds.
+    #[test]
+    fn counts_are_filled_from_the_records_on_upgrade() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("h.db");
+        let (mut s, _) = Service::init(&db).unwrap();
+        s.add_agent("a", Some("demo"), None, None, None, &[]).unwrap();
+        s.add_agent("b", Some("demo"), None, None, None, &[]).unwrap();
+        s.send("a", "b", "one", None, None, None).unwrap();
+        s.send("a", "b", "two", None, None, None).unwrap();
+        drop(s);
+        let c = rusqlite::Connection::open(&db).unwrap();
+        c.execute_batch(
+            "DROP TRIGGER deliveries_count_insert; DROP TRIGGER deliveries_count_delete;
+             DROP TRIGGER deliveries_count_update; DROP TABLE delivery_counts;
+             DROP INDEX deliveries_state; CREATE INDEX deliveries_state ON deliveries (state, updated_at);
+             ALTER TABLE deliveries DROP COLUMN attempts; ALTER TABLE deliveries DROP COLUMN resends;
+             UPDATE deliveries SET record = json_set(record, '$.core.attempts', 2);
+             PRAGMA user_version = 6;",
+        )
+        .unwrap();
+        drop(c);
+        drop(Service::open(&db).unwrap());
+        let c = rusqlite::Connection::open(&db).unwrap();
+        let v = kept_counts(&c).unwrap();
+        assert!(v.ok(), "{:?}", v.violations);
+        let attempts: i64 = c
+            .query_row("SELECT sum(attempts) FROM delivery_counts", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(attempts, 4);
+    }
 }

@@ -49,6 +49,10 @@ const REPORT_HEARTBEAT_MS: u64 = 10_000;
 /// How often a running engine checks the database for another process's commit (its own
 /// jobs share its connection, so their commits do not count; a job that ends wakes it).
 const WATCH_INTERVAL: Duration = Duration::from_millis(5);
+/// With file events, the longest `run` goes without looking for another process's commit.
+const FILES_QUIET: Duration = Duration::from_secs(1);
+/// After a file event, the last of the doubling looks for the commit it announced.
+const RECHECK_MAX: Duration = Duration::from_millis(256);
 /// How long a delivery whose step failed (a store error, an undecodable record) rests.
 const FAILED_STEP_BACKOFF_MS: u64 = 30_000;
 /// How long a stopping engine lets the turns it is starting finish their step.
@@ -121,8 +125,10 @@ type Shared = Rc<RefCell<Service>>;
 pub struct Engine {
     service: Shared,
     ctx: Rc<Ctx>,
-    /// How often `run` looks for another process's commit.
+    /// How often `run` looks for another process's commit when it has no file events
+    /// (`files`: it uses the database folder's events when the kernel gives them).
     watch_every: Duration,
+    files: bool,
     /// When enrolment and reminders last ran, and when a report was last saved.
     last_housekeeping: Option<Millis>,
     last_report: Option<Millis>,
@@ -188,6 +194,7 @@ impl Engine {
                 guard: outage::OutageGuard::default(),
             }),
             watch_every: WATCH_INTERVAL,
+            files: true,
             last_housekeeping: None,
             last_report: None,
             housekeeping_seen: 0,
@@ -208,11 +215,13 @@ impl Engine {
         self
     }
 
-    /// Looks for other processes' commits every `every` instead of every 5 ms (the
-    /// simulation, where each look costs a step of virtual time).
+    /// Looks for other processes' commits every `every` instead of waiting for the database
+    /// folder's file events (the simulation, where each look costs a step of virtual time
+    /// and the file system's events are no part of the world).
     #[must_use]
     pub fn with_watch_interval(mut self, every: Duration) -> Engine {
         self.watch_every = every;
+        self.files = false;
         self
     }
 
@@ -941,8 +950,41 @@ async fn write_now(
     Ok(ctx.adapters.start(svc, &write).await)
 }
 
-/// Waits until another connection commits, or `deadline`.
-async fn watch(svc: &RefCell<Service>, seen: i64, deadline: tokio::time::Instant, every: Duration) {
+/// Waits until another connection commits, or `deadline`. With the database's file events
+/// (`events`) it sleeps until one comes, looking at most every [`FILES_QUIET`] (a file system
+/// that sends none); after an event it looks at once and again 1, 2, 4 … 256 ms later, since
+/// the commit that wrote the WAL becomes visible only after its sync. Without events it looks
+/// every `every`.
+async fn watch(
+    svc: &RefCell<Service>,
+    seen: i64,
+    deadline: tokio::time::Instant,
+    every: Duration,
+    events: &mut Option<tokio::sync::watch::Receiver<u64>>,
+) {
+    let changed = || svc.borrow().data_version().unwrap_or(seen) != seen;
+    let mut recheck: Option<Duration> = None;
+    while let Some(rx) = events.as_mut() {
+        if changed() {
+            return;
+        }
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            return;
+        }
+        let nap = recheck.unwrap_or(FILES_QUIET).min(deadline - now);
+        tokio::select! {
+            biased;
+            event = rx.changed() => match event {
+                Ok(()) => recheck = Some(Duration::from_millis(1)),
+                // The watch ended (its thread is gone): poll from now on.
+                Err(_) => *events = None,
+            },
+            () = tokio::time::sleep(nap) => {
+                recheck = recheck.map(|r| r * 2).filter(|r| *r <= RECHECK_MAX);
+            }
+        }
+    }
     loop {
         let version = svc.borrow().data_version();
         if version.unwrap_or(seen) != seen {
@@ -972,12 +1014,18 @@ impl Engine {
         let mut busy: HashSet<String> = HashSet::new();
         let mut report = self.new_report();
         let mut window = Instant::now();
+        let db = self.service.borrow().db_path().to_owned();
+        let changes = if self.files {
+            service::Changes::watch(&db)
+        } else {
+            None
+        };
+        let mut events = changes.as_ref().map(service::Changes::subscribe);
         loop {
-            let path = self.service.borrow().db_path().to_owned();
-            if !path.exists() {
+            if !db.exists() {
                 return Err(format!(
                     "the database {} is gone; the engine stops",
-                    path.display()
+                    db.display()
                 ));
             }
             // Read before looking: a commit by another connection meanwhile is noticed.
@@ -1036,7 +1084,7 @@ impl Engine {
                     busy.remove(&recipient);
                     report.absorb(part);
                 }
-                () = watch(&self.service, seen, deadline, self.watch_every) => {}
+                () = watch(&self.service, seen, deadline, self.watch_every, &mut events) => {}
             }
         }
     }

@@ -5,6 +5,7 @@
 
 pub mod agents;
 pub mod card;
+pub mod changes;
 pub mod config;
 pub mod deliveries;
 pub mod ledger;
@@ -17,6 +18,7 @@ pub use crate::store::{
     AgentRow, DeliveryRow, EventRow, IdTable, MessageRow, StoreError, WorkRow, token_path,
 };
 pub use agents::AgentAdded;
+pub use changes::Changes;
 pub use messages::Sent;
 pub use status::{EngineHealth, Overview, Unenrolled};
 pub use work::{Outcome, work_message};

@@ -125,18 +125,12 @@ struct Inner {
     tokens: Mutex<HashMap<String, String>>,
     library: Option<Library>,
     tools: OnceLock<Vec<Tool>>,
-    changes: OnceLock<Option<Watch>>,
+    changes: OnceLock<Option<crate::service::Changes>>,
     /// Ledger warnings gathered during the current call.
     warnings: Mutex<Vec<String>>,
     /// The engine's last verdict (a warning, or none when it is delivering) and until when it
     /// holds (ms).
     engine_verdict: Mutex<Option<(i64, Option<String>)>>,
-}
-
-/// A file watch on the database's folder: any commit by any process touches the WAL file.
-struct Watch {
-    rx: tokio::sync::watch::Receiver<u64>,
-    _watcher: notify::RecommendedWatcher,
 }
 
 impl std::fmt::Debug for McpServer {
@@ -474,33 +468,9 @@ impl McpServer {
     fn watch(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
         self.inner
             .changes
-            .get_or_init(|| {
-                use notify::Watcher as _;
-                let (tx, rx) = tokio::sync::watch::channel(0u64);
-                let db = self.inner.db.clone();
-                let name = db.file_name()?.to_string_lossy().into_owned();
-                let mut watcher =
-                    notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
-                        if let Ok(ev) = ev
-                            && ev.paths.iter().any(|p| {
-                                p.file_name()
-                                    .is_some_and(|f| f.to_string_lossy().starts_with(&name))
-                            })
-                        {
-                            tx.send_modify(|n| *n += 1);
-                        }
-                    })
-                    .ok()?;
-                watcher
-                    .watch(db.parent()?, notify::RecursiveMode::NonRecursive)
-                    .ok()?;
-                Some(Watch {
-                    rx,
-                    _watcher: watcher,
-                })
-            })
+            .get_or_init(|| crate::service::Changes::watch(&self.inner.db))
             .as_ref()
-            .map(|w| w.rx.clone())
+            .map(crate::service::Changes::subscribe)
     }
 }
 

@@ -1,0 +1,60 @@
+//! Learning that another process committed, without polling: every commit of any process
+//! writes the database's WAL file, and the kernel reports that write (inotify through the
+//! `notify` crate) at no cost while nothing happens. A file event says only that a commit may
+//! be under way; whoever waits confirms it with `data_version`, a little later too, since a
+//! commit becomes visible through the shared-memory index just after its last WAL write
+//! (which raised the event) and, with `synchronous=FULL`, after that write's sync.
+
+use std::path::Path;
+use tokio::sync::watch;
+
+/// A watch on the database's folder: a counter that goes up on every event for one of the
+/// database's files (the database, its WAL, its shared-memory index).
+pub struct Changes {
+    rx: watch::Receiver<u64>,
+    _watcher: notify::RecommendedWatcher,
+}
+
+impl std::fmt::Debug for Changes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Changes").finish_non_exhaustive()
+    }
+}
+
+impl Changes {
+    /// Watches the folder of `db`; `None` when the kernel will not (no inotify, or its limit
+    /// of watches reached): the caller then polls.
+    pub fn watch(db: &Path) -> Option<Changes> {
+        use notify::Watcher as _;
+        let (tx, rx) = watch::channel(0u64);
+        let name = db.file_name()?.to_string_lossy().into_owned();
+        let folder = match db.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
+            _ => std::path::PathBuf::from("."),
+        };
+        let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
+            if let Ok(ev) = ev
+                && ev.paths.iter().any(|p| {
+                    p.file_name()
+                        .is_some_and(|f| f.to_string_lossy().starts_with(&name))
+                })
+            {
+                tx.send_modify(|n| *n = n.wrapping_add(1));
+            }
+        })
+        .ok()?;
+        watcher
+            .watch(&folder, notify::RecursiveMode::NonRecursive)
+            .ok()?;
+        Some(Changes {
+            rx,
+            _watcher: watcher,
+        })
+    }
+
+    /// A receiver whose `changed()` resolves on the next event (and at once when an event
+    /// came since it last looked).
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.rx.clone()
+    }
+}
