@@ -1358,16 +1358,20 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("h.db");
         let (mut s, _) = Service::init(&db).unwrap();
-        s.add_agent("a", Some("demo"), None, None, None, &[]).unwrap();
-        s.add_agent("b", Some("demo"), None, None, None, &[]).unwrap();
+        s.add_agent("a", Some("demo"), None, None, None, &[])
+            .unwrap();
+        s.add_agent("b", Some("demo"), None, None, None, &[])
+            .unwrap();
         for i in 0..3 {
-            s.send("a", "b", &format!("m{i}"), None, None, None).unwrap();
+            s.send("a", "b", &format!("m{i}"), None, None, None)
+                .unwrap();
         }
         let c = rusqlite::Connection::open(&db).unwrap();
         let v = kept_counts(&c).unwrap();
         assert!(v.ok(), "{:?}", v.violations);
         assert_eq!(v.exercised, 1);
-        c.execute("UPDATE delivery_counts SET n = n + 1", []).unwrap();
+        c.execute("UPDATE delivery_counts SET n = n + 1", [])
+            .unwrap();
         let v = kept_counts(&c).unwrap();
         assert!(!v.ok());
         assert!(v.violations[0].starts_with("kept (deliveries, attempts, resends)"));
@@ -1379,8 +1383,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("h.db");
         let (mut s, _) = Service::init(&db).unwrap();
-        s.add_agent("a", Some("demo"), None, None, None, &[]).unwrap();
-        s.add_agent("b", Some("demo"), None, None, None, &[]).unwrap();
+        s.add_agent("a", Some("demo"), None, None, None, &[])
+            .unwrap();
+        s.add_agent("b", Some("demo"), None, None, None, &[])
+            .unwrap();
         s.send("a", "b", "one", None, None, None).unwrap();
         s.send("a", "b", "two", None, None, None).unwrap();
         drop(s);
@@ -1400,7 +1406,9 @@ mod tests {
         let v = kept_counts(&c).unwrap();
         assert!(v.ok(), "{:?}", v.violations);
         let attempts: i64 = c
-            .query_row("SELECT sum(attempts) FROM delivery_counts", [], |r| r.get(0))
+            .query_row("SELECT sum(attempts) FROM delivery_counts", [], |r| {
+                r.get(0)
+            })
             .unwrap();
         assert_eq!(attempts, 4);
     }

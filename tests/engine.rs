@@ -125,3 +125,51 @@ async fn a_recipient_with_a_long_queue_drains_at_the_pace_of_its_turns() {
     );
     assert!(events_before > 0);
 }
+
+/// A sync of the WAL that fails stops the engine before the write, for good: after an
+/// `fdatasync` error the kernel may have dropped the dirty pages, so a later sync that
+/// succeeds proves nothing, and no write may go out on it.
+#[tokio::test]
+async fn a_failed_sync_stops_the_engine_before_any_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(AtomicU64::new(1_800_000_000_000));
+    let mut s = service_at(&dir, clock.clone());
+    s.add_agent("lead", Some("demo"), None, None, None, &[])
+        .unwrap();
+    for a in ["dev", "dev2"] {
+        s.add_agent(a, Some("demo"), None, None, None, &[]).unwrap();
+    }
+    s.send("lead", "dev", "ship it", None, None, None).unwrap();
+    let mut engine = Engine::new(s, false).unwrap();
+    // The WAL's name now leads nowhere (a link to itself); SQLite keeps the file it opened.
+    let wal = dir.path().join("h.sqlite3-wal");
+    std::fs::remove_file(&wal).unwrap();
+    std::os::unix::fs::symlink(&wal, &wal).unwrap();
+    let r = engine.pass().await;
+    assert_eq!(r.writes, 0, "no write after a failed sync: {r:?}");
+    assert!(
+        r.errors.iter().any(|e| e.contains("could not be synced")),
+        "{r:?}"
+    );
+    // A later sync would now succeed, having made nothing durable: it must not be trusted,
+    // not even for a handoff sent since.
+    std::fs::remove_file(&wal).unwrap();
+    std::fs::File::create(&wal).unwrap();
+    engine
+        .service()
+        .send("lead", "dev2", "and this", None, None, None)
+        .unwrap();
+    clock.fetch_add(120_000, Ordering::SeqCst);
+    let r = engine.pass().await;
+    assert_eq!(r.writes, 0, "nor on a later pass: {r:?}");
+    let stopped = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        engine.run(std::time::Duration::from_millis(20), std::future::pending()),
+    )
+    .await
+    .expect("the engine stops by itself");
+    assert!(
+        stopped.as_ref().is_err_and(|e| e.contains("sync")),
+        "{stopped:?}"
+    );
+}

@@ -572,7 +572,9 @@ fn supervisor_command(
     Ok(cmd)
 }
 
-/// HTTP mode without a `status_url`: an accepted POST counts as returned at once (SPEC §4).
+/// What an **accepted** write became, known without asking: in HTTP mode without a
+/// `status_url`, a POST answered 2xx counts as returned at once (SPEC §4). Only for a write
+/// whose 2xx was received: of a write whose reply was lost nothing can be learned this way.
 pub fn observe_without_io(agent: &AgentRow, request_id: &str) -> Option<Observed> {
     (argv(agent).is_none() && url(agent, "status_url").is_none()).then(|| Observed::Returned {
         turn: TurnId::new(request_id),
@@ -619,9 +621,12 @@ pub async fn observe(
         };
     }
     let Some(status_url) = url(agent, "status_url") else {
-        // Without a status URL, an accepted POST counts as returned at once (SPEC §4).
-        return Observed::Returned {
-            turn: TurnId::new(request_id),
+        // Without a status URL only an accepted POST has an outcome (returned at once, SPEC
+        // §4; the engine takes it from `observe_without_io`). Of a write whose reply was lost
+        // (UNCERTAIN) nothing can be learned: a person's release decides (G5).
+        return Observed::Unreachable {
+            detail: "no status_url: whether a write whose reply was lost arrived cannot be asked"
+                .to_owned(),
         };
     };
     http_status(adapters, &status_url, request_id).await

@@ -96,10 +96,11 @@ impl Adapters {
         }
     }
 
-    /// What became of `request_id` when the adapter can tell without asking anyone: an
-    /// HTTP command agent without a `status_url` took an accepted POST as a whole turn
-    /// (SPEC §4). The engine then records the observation in the write result's own
-    /// transaction. `None`: ask [`Adapters::observe`].
+    /// What became of the **accepted** write `request_id` when the adapter can tell without
+    /// asking anyone: an HTTP command agent without a `status_url` took an accepted POST as a
+    /// whole turn (SPEC §4). The engine asks only for an ACCEPTED delivery, and records the
+    /// observation in the transaction of the pass that looks at it. `None`: ask
+    /// [`Adapters::observe`].
     pub fn observe_without_io(agent: &AgentRow, request_id: &str) -> Option<Observed> {
         match Self::provider(agent) {
             Some(Provider::Command) => command::observe_without_io(agent, request_id),

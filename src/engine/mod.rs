@@ -100,6 +100,8 @@ struct Ctx {
     one_shot: bool,
     /// Checked before each delivery, so a job that follows a long queue sees an outage begin.
     guard: outage::OutageGuard,
+    /// Why a sync of the WAL failed, once one has: the engine then stops (see [`durable`]).
+    sync_failed: RefCell<Option<String>>,
 }
 
 /// Makes the commits of this engine's connection up to now durable before an effect acts on
@@ -107,12 +109,43 @@ struct Ctx {
 /// ready at the same moment commit them, and the first to come back syncs them all in one
 /// `fdatasync` (group commit); the others find their commits already covered. A lone write
 /// waits one turn of the engine's task, no more.
-async fn durable(svc: &RefCell<Service>) -> Result<(), ServiceError> {
+///
+/// A sync that fails is never tried again: after an `fdatasync` error the kernel may have
+/// dropped the dirty pages and a second call may succeed having written nothing, so no later
+/// write could trust it. The engine stops instead ([`Engine::run`] returns the error).
+async fn durable(ctx: &Ctx, svc: &RefCell<Service>) -> Result<(), ServiceError> {
+    if let Some(e) = ctx.sync_failed.borrow().as_ref() {
+        return Err(ServiceError::Refused(e.clone()));
+    }
     let mark = svc.borrow_mut().store_mut().changes_so_far();
     tokio::task::yield_now().await;
-    let synced = svc.borrow_mut().store_mut().sync_upto(mark)?;
+    let synced = sync_or_stop(ctx, svc, mark)?;
     tracing::debug!(synced, "durable before the write");
     Ok(())
+}
+
+/// [`Store::sync_upto`], recording a failure for the engine to stop on.
+fn sync_or_stop(ctx: &Ctx, svc: &RefCell<Service>, mark: u64) -> Result<bool, ServiceError> {
+    if let Some(e) = ctx.sync_failed.borrow().as_ref() {
+        return Err(ServiceError::Refused(e.clone()));
+    }
+    svc.borrow_mut().store_mut().sync_upto(mark).map_err(|e| {
+        let why = format!(
+            "the database could not be synced to disk ({e}); the engine stops so that no \
+                 write goes out on a commit the disk may have lost"
+        );
+        *ctx.sync_failed.borrow_mut() = Some(why.clone());
+        ServiceError::Refused(why)
+    })
+}
+
+/// Syncs every commit of the engine's connection so far: before the engine waits, at the end
+/// of a pass, on stop, and after housekeeping committed a message. What the engine commits
+/// is then on disk within one turn of its loop, whoever reads it meanwhile (an inbox, the
+/// event stream); the commits a write depends on are synced before it ([`durable`]).
+fn sync_all(ctx: &Ctx, svc: &RefCell<Service>) -> Result<bool, ServiceError> {
+    let mark = svc.borrow_mut().store_mut().changes_so_far();
+    sync_or_stop(ctx, svc, mark)
 }
 
 /// One recipient's job: hands back the recipient and what it did.
@@ -192,6 +225,7 @@ impl Engine {
                 policy: Policy::default(),
                 one_shot,
                 guard: outage::OutageGuard::default(),
+                sync_failed: RefCell::new(None),
             }),
             watch_every: WATCH_INTERVAL,
             files: true,
@@ -211,6 +245,7 @@ impl Engine {
             policy,
             one_shot: self.ctx.one_shot,
             guard: outage::OutageGuard::default(),
+            sync_failed: RefCell::new(None),
         });
         self
     }
@@ -234,6 +269,7 @@ impl Engine {
             policy: self.ctx.policy.clone(),
             one_shot: self.ctx.one_shot,
             guard: outage::OutageGuard::default(),
+            sync_failed: RefCell::new(None),
         });
         self
     }
@@ -259,6 +295,9 @@ impl Engine {
         self.dispatch(&mut jobs, &mut busy, &mut report, false, usize::MAX);
         while let Some((_, part)) = jobs.next().await {
             report.absorb(part);
+        }
+        if let Err(e) = sync_all(&self.ctx, &self.service) {
+            report.errors.push(e.to_string());
         }
         report.took_ms = elapsed_ms(started);
         report.pass_ms_max = report.took_ms;
@@ -325,6 +364,13 @@ impl Engine {
             Ok((enrolled, reminders)) => {
                 report.enrolled += enrolled;
                 report.reminders += reminders;
+                // A reminder is a message a person may read at once: on disk before that,
+                // so a power cut cannot take it back and have the next engine send another.
+                if reminders > 0
+                    && let Err(e) = sync_all(&self.ctx, &self.service)
+                {
+                    report.errors.push(e.to_string());
+                }
             }
             Err(e) => report.errors.push(e.to_string()),
         }
@@ -665,7 +711,8 @@ fn in_transaction<'a>(
             Effect::CheckActivity => {
                 quiet()?.map(|activity| EventKind::ActivityObserved { activity })
             }
-            Effect::Observe { request_id } => tx
+            // Only what an accepted write became can be known without asking.
+            Effect::Observe { request_id } if matches!(record, Delivery::Accepted(_)) => tx
                 .agent(target.agent.as_str())?
                 .map(|a| a.at_target(target))
                 .and_then(|a| Adapters::observe_without_io(&a, request_id.as_str()))
@@ -809,7 +856,7 @@ async fn deliver(
                 // stable storage before the write goes out: a power cut cannot take the
                 // reservation back and let the next engine write again (G2, G8).
                 if !crate::planted::planted(crate::planted::Plant::NoSyncBeforeWrite) {
-                    durable(svc).await?;
+                    durable(ctx, svc).await?;
                 }
                 let mut outcome =
                     write_now(ctx, svc, id, &agent, request_id.as_str(), report).await?;
@@ -831,7 +878,13 @@ async fn deliver(
                 )?
             }
             Effect::Observe { request_id } => {
-                let observed = adapters.observe(svc, &agent, request_id.as_str()).await;
+                let known = matches!(current, Delivery::Accepted(_))
+                    .then(|| Adapters::observe_without_io(&agent, request_id.as_str()))
+                    .flatten();
+                let observed = match known {
+                    Some(observed) => observed,
+                    None => adapters.observe(svc, &agent, request_id.as_str()).await,
+                };
                 apply(ctx, svc, id, report, |_| {
                     Ok(EventKind::Observation { observed })
                 })?
@@ -1022,6 +1075,11 @@ impl Engine {
         };
         let mut events = changes.as_ref().map(service::Changes::subscribe);
         loop {
+            let failed = self.ctx.sync_failed.borrow().clone();
+            if let Some(e) = failed {
+                let _ = self.stop(jobs).await;
+                return Err(e);
+            }
             if !db.exists() {
                 return Err(format!(
                     "the database {} is gone; the engine stops",
@@ -1076,6 +1134,11 @@ impl Engine {
                     () = std::future::ready(()) => continue,
                 }
             }
+            // Nothing the engine committed waits unsynced while it sleeps.
+            if let Err(e) = sync_all(&self.ctx, &self.service) {
+                let _ = self.stop(jobs).await;
+                return Err(e.to_string());
+            }
             let deadline = tokio::time::Instant::now() + wait;
             tokio::select! {
                 biased;
@@ -1094,6 +1157,7 @@ impl Engine {
     async fn stop(&mut self, mut jobs: FuturesUnordered<Job>) -> Result<(), String> {
         let _ =
             tokio::time::timeout(STOP_GRACE, async { while jobs.next().await.is_some() {} }).await;
+        sync_all(&self.ctx, &self.service).map_err(|e| e.to_string())?;
         Ok(())
     }
 }

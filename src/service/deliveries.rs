@@ -70,7 +70,6 @@ impl Service {
             let mut record = row.record.clone();
             let mut effects = std::collections::VecDeque::new();
             let mut change: Option<Change> = None;
-            let mut freed = false;
             let mut lines: Vec<(&str, String)> = Vec::new();
             let mut pending: std::collections::VecDeque<EventKind> = events(tx)?.into();
             loop {
@@ -94,9 +93,6 @@ impl Service {
                 record = step.record;
                 change = Some(merge(change, step.change.clone()));
                 if let Change::Moved { from, to } = step.change {
-                    freed |= !record.is_active()
-                        && (from.class() == model::Class::Active
-                            || to.class() == model::Class::Terminal);
                     moves.push((from, to, record.detail()));
                 }
                 if by_person {
@@ -123,6 +119,13 @@ impl Service {
                     change,
                 });
             }
+            // The recipient's queue moves up when, all steps taken together, this delivery
+            // stopped holding the recipient or left the queue for good (a reservation that
+            // timed out within the same transaction frees nothing).
+            let (was, is) = (row.record.kind().class(), record.kind().class());
+            let freed = !record.is_active()
+                && (was == model::Class::Active
+                    || (is == model::Class::Terminal && was != model::Class::Terminal));
             let due = schedule(&change, &record, agent.as_ref(), now);
             tx.save_delivery(id, &record, due, millis(now))?;
             for (kind, text) in &lines {

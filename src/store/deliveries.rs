@@ -388,9 +388,9 @@ impl Tx<'_> {
     }
 
     pub fn count_by_state(&self) -> Result<Vec<(String, i64)>> {
-        let mut st = self.tx.prepare_cached(
-            "SELECT state, n FROM delivery_counts WHERE n > 0 ORDER BY state",
-        )?;
+        let mut st = self
+            .tx
+            .prepare_cached("SELECT state, n FROM delivery_counts WHERE n > 0 ORDER BY state")?;
         let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }

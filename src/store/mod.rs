@@ -34,6 +34,8 @@ use std::time::Duration;
 /// Our `PRAGMA application_id` ("HNDF"): tells our database from any other SQLite file.
 const APPLICATION_ID: i64 = 0x484E_4446;
 /// How long a writer waits for another process's transaction before giving up.
+/// How [`Store::write`] begins.
+const WRITE_BEGIN: &str = "BEGIN IMMEDIATE";
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, thiserror::Error)]
@@ -89,8 +91,10 @@ pub struct Store {
     path: PathBuf,
     /// Commits are not synced as they are made ([`Store::commit_lazily`]).
     lazy: bool,
-    /// This connection's `total_changes` when its WAL was last synced.
+    /// `commits` when this connection's WAL was last synced.
     synced_changes: u64,
+    /// Write transactions committed through [`Store::write`] (the marks of `sync_upto`).
+    commits: u64,
 }
 
 /// The token file beside a database: `<db>.token`.
@@ -286,6 +290,7 @@ impl Store {
             path,
             lazy: false,
             synced_changes: 0,
+            commits: 0,
         };
         if version < migrations::LATEST {
             store.migrate(version)?;
@@ -334,7 +339,7 @@ impl Store {
     where
         E: From<StoreError>,
     {
-        self.transaction("BEGIN IMMEDIATE", f)
+        self.transaction(WRITE_BEGIN, f)
     }
 
     /// Runs `f` in a read transaction (a consistent snapshot).
@@ -370,12 +375,21 @@ impl Store {
             conn.prepare_cached(sql)?.execute([])?;
             Ok(())
         };
+        if !conn.is_autocommit() {
+            // An earlier ROLLBACK failed and left a transaction open (holding the write
+            // lock): end it before beginning anew.
+            conn.execute_batch("ROLLBACK")
+                .map_err(|e| StoreError::Sqlite(format!("cannot end an open transaction: {e}")))?;
+        }
         run(begin)?;
         let mut open = Open(conn, false);
         let out = f(&Tx { tx: conn })?;
         run("COMMIT")?;
         open.1 = true;
         drop(open);
+        if begin == WRITE_BEGIN {
+            self.commits += 1;
+        }
         Ok(out)
     }
 
@@ -391,10 +405,10 @@ impl Store {
         Ok(())
     }
 
-    /// How many rows this connection has changed so far: a mark to hand to
+    /// How many write transactions this connection has committed so far: a mark to hand to
     /// [`Store::sync_upto`] right after a commit.
     pub fn changes_so_far(&self) -> u64 {
-        self.conn.total_changes()
+        self.commits
     }
 
     /// Makes every commit of this connection up to `mark` (from [`Store::changes_so_far`])
@@ -408,7 +422,7 @@ impl Store {
         if !self.lazy || self.synced_changes >= mark {
             return Ok(false);
         }
-        let now = self.conn.total_changes();
+        let now = self.commits;
         let wal = sibling(&self.path, "-wal");
         match std::fs::File::open(&wal) {
             Ok(f) => f
