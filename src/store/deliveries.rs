@@ -69,12 +69,57 @@ pub const QUEUE_HEADS: i64 = 2;
 /// scan that jumps from one recipient to the next in the `deliveries_pending` index, so it
 /// costs the number of recipients, not of pending deliveries (`SELECT DISTINCT` read every
 /// one of 10,000 queued rows on each look of the engine).
-const PENDING_RECIPIENTS: &str = "WITH RECURSIVE pending(recipient) AS (
+macro_rules! pending_recipients {
+    () => {
+        "WITH RECURSIVE pending(recipient) AS (
         SELECT min(recipient) FROM deliveries WHERE class = 'pending'
         UNION ALL
         SELECT (SELECT min(d.recipient) FROM deliveries d
                 WHERE d.class = 'pending' AND d.recipient > p.recipient)
-        FROM pending p WHERE p.recipient IS NOT NULL)";
+        FROM pending p WHERE p.recipient IS NOT NULL)"
+    };
+}
+
+/// A recipient's due deliveries other than queued ones (uses `deliveries_recipient_due`).
+pub(super) const DUE_FOR_SQL: &str = concat!(
+    "SELECT message_id, CASE class WHEN 'active' THEN 0 ELSE 1 END, seq FROM deliveries
+             WHERE recipient = ?1 AND due_at <= ?2 AND due_at IS NOT NULL
+               AND state NOT IN ",
+    queued!(),
+    "
+             ORDER BY due_at LIMIT 64"
+);
+
+/// Due deliveries other than queued ones (uses `deliveries_due`).
+pub(super) const DUE_SQL: &str = concat!(
+    "SELECT message_id, CASE class WHEN 'active' THEN 0 ELSE 1 END, seq, recipient
+             FROM deliveries
+             WHERE due_at <= ?1 AND due_at IS NOT NULL
+               AND state NOT IN ",
+    queued!(),
+    "
+             ORDER BY due_at LIMIT ?2"
+);
+
+/// The earliest due time the engine looks at (uses `deliveries_due`).
+pub(super) const NEXT_DUE_SQL: &str = concat!(
+    pending_recipients!(),
+    " SELECT min(due_at) FROM (
+               SELECT due_at FROM deliveries
+               WHERE due_at IS NOT NULL AND state NOT IN ",
+    queued!(),
+    "
+               UNION ALL
+               SELECT (SELECT min(due_at) FROM (
+                         SELECT due_at FROM deliveries d
+                         WHERE d.class = 'pending' AND d.recipient = r.recipient
+                           AND d.state IN ",
+    queued!(),
+    "
+                         ORDER BY d.seq LIMIT ?1))
+               FROM pending r WHERE r.recipient IS NOT NULL
+             )"
+);
 
 impl Tx<'_> {
     pub fn insert_delivery(&self, d: &DeliveryRow, seq_of_message: &str) -> Result<()> {
@@ -167,12 +212,16 @@ impl Tx<'_> {
     /// recipient). Unlike [`Tx::wake_recipient`] it costs the same however long the queue.
     pub fn wake_queue(&self, recipient: &str, now: i64, heads: i64) -> Result<()> {
         self.exec(
-            "UPDATE deliveries SET due_at = ?2 WHERE message_id IN (
+            concat!(
+                "UPDATE deliveries SET due_at = ?2 WHERE message_id IN (
                  SELECT message_id FROM deliveries
                  WHERE class = 'pending' AND recipient = ?1
-                   AND state IN ('WAITING', 'BUSY', 'OWNER_REJECTED')
+                   AND state IN ",
+                queued!(),
+                "
                  ORDER BY seq LIMIT ?3)
-               AND (due_at IS NULL OR due_at > ?2)",
+               AND (due_at IS NULL OR due_at > ?2)"
+            ),
             params![recipient, now, heads],
         )?;
         Ok(())
@@ -203,23 +252,20 @@ impl Tx<'_> {
     /// The due deliveries of one recipient, in the order of [`Tx::due`].
     pub fn due_for(&self, recipient: &str, now: i64, per_recipient: i64) -> Result<Vec<String>> {
         let mut out: Vec<(i64, i64, String)> = Vec::new();
-        let mut others = self.tx.prepare_cached(
-            "SELECT message_id, CASE class WHEN 'active' THEN 0 ELSE 1 END, seq FROM deliveries
-             WHERE recipient = ?1 AND due_at <= ?2 AND due_at IS NOT NULL
-               AND state NOT IN ('WAITING', 'BUSY', 'OWNER_REJECTED')
-             ORDER BY due_at LIMIT 64",
-        )?;
+        let mut others = self.tx.prepare_cached(DUE_FOR_SQL)?;
         for row in others.query_map(params![recipient, now], |r| {
             Ok((r.get(1)?, r.get(2)?, r.get(0)?))
         })? {
             out.push(row?);
         }
-        let mut heads = self.tx.prepare_cached(
+        let mut heads = self.tx.prepare_cached(concat!(
             "SELECT message_id, seq, due_at FROM deliveries
              WHERE class = 'pending' AND recipient = ?1
-               AND state IN ('WAITING', 'BUSY', 'OWNER_REJECTED')
-             ORDER BY seq LIMIT ?2",
-        )?;
+               AND state IN ",
+            queued!(),
+            "
+             ORDER BY seq LIMIT ?2"
+        ))?;
         for row in heads.query_map(params![recipient, per_recipient], |row| {
             Ok((
                 row.get::<_, String>(0)?,
@@ -241,30 +287,27 @@ impl Tx<'_> {
     /// recipient are looked at, so a long queue is not re-examined row by row.
     pub fn due(&self, now: i64, per_recipient: i64, limit: i64) -> Result<Vec<(String, String)>> {
         let mut out: Vec<(i64, i64, String, String)> = Vec::new();
-        let mut others = self.tx.prepare_cached(
-            "SELECT message_id, CASE class WHEN 'active' THEN 0 ELSE 1 END, seq, recipient
-             FROM deliveries
-             WHERE due_at <= ?1 AND due_at IS NOT NULL
-               AND state NOT IN ('WAITING', 'BUSY', 'OWNER_REJECTED')
-             ORDER BY due_at LIMIT ?2",
-        )?;
+        let mut others = self.tx.prepare_cached(DUE_SQL)?;
         for row in others.query_map(params![now, limit], |r| {
             Ok((r.get(1)?, r.get(2)?, r.get(0)?, r.get(3)?))
         })? {
             out.push(row?);
         }
-        let mut recipients = self.tx.prepare_cached(&format!(
-            "{PENDING_RECIPIENTS} SELECT recipient FROM pending WHERE recipient IS NOT NULL"
+        let mut recipients = self.tx.prepare_cached(concat!(
+            pending_recipients!(),
+            " SELECT recipient FROM pending WHERE recipient IS NOT NULL"
         ))?;
         let recipients: Vec<String> = recipients
             .query_map([], |r| r.get(0))?
             .collect::<rusqlite::Result<_>>()?;
-        let mut heads = self.tx.prepare_cached(
+        let mut heads = self.tx.prepare_cached(concat!(
             "SELECT message_id, seq, due_at FROM deliveries
              WHERE class = 'pending' AND recipient = ?1
-               AND state IN ('WAITING', 'BUSY', 'OWNER_REJECTED')
-             ORDER BY seq LIMIT ?2",
-        )?;
+               AND state IN ",
+            queued!(),
+            "
+             ORDER BY seq LIMIT ?2"
+        ))?;
         for r in recipients {
             for row in heads.query_map(params![r, per_recipient], |row| {
                 Ok((
@@ -289,19 +332,7 @@ impl Tx<'_> {
     pub fn next_due(&self, per_recipient: i64) -> Result<Option<i64>> {
         Ok(self
             .tx
-            .prepare_cached(&format!(
-                "{PENDING_RECIPIENTS} SELECT min(due_at) FROM (
-               SELECT due_at FROM deliveries
-               WHERE due_at IS NOT NULL AND state NOT IN ('WAITING', 'BUSY', 'OWNER_REJECTED')
-               UNION ALL
-               SELECT (SELECT min(due_at) FROM (
-                         SELECT due_at FROM deliveries d
-                         WHERE d.class = 'pending' AND d.recipient = r.recipient
-                           AND d.state IN ('WAITING', 'BUSY', 'OWNER_REJECTED')
-                         ORDER BY d.seq LIMIT ?1))
-               FROM pending r WHERE r.recipient IS NOT NULL
-             )"
-            ))?
+            .prepare_cached(NEXT_DUE_SQL)?
             .query_row([per_recipient], |r| r.get(0))?)
     }
 

@@ -3,6 +3,17 @@
 //! command runs. The only module that knows rusqlite. It decides nothing about delivery:
 //! records go in and out as `model::Delivery`.
 
+/// The states of a delivery queued behind its recipient's earlier ones, as SQL: only the
+/// head of such a queue is looked at (`QUEUE_HEADS`). The partial indexes of schema 6 hold
+/// this text in their predicates, and a query uses them only when it repeats it word for
+/// word: so every query spells it with this macro (`concat!`), and a test checks the
+/// indexes, the text and the query plans.
+macro_rules! queued {
+    () => {
+        "('WAITING', 'BUSY', 'OWNER_REJECTED')"
+    };
+}
+
 mod agents;
 mod config;
 mod deliveries;
@@ -583,6 +594,49 @@ pub fn millis(m: Millis) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::{OPEN_WORK, WorkState};
+
+    /// The queued states in SQL are the model's queued states, the partial indexes of schema
+    /// 6 hold that very text, and the engine's looks for due deliveries use those indexes
+    /// (a query whose predicate differs by a word would scan the table instead).
+    #[test]
+    fn the_due_looks_use_the_partial_indexes() {
+        use model::StateKind;
+        let named: Vec<String> = [
+            StateKind::Waiting,
+            StateKind::Busy,
+            StateKind::OwnerRejected,
+        ]
+        .iter()
+        .map(|s| format!("'{}'", s.as_str()))
+        .collect();
+        assert_eq!(queued!(), format!("({})", named.join(", ")));
+        assert_eq!(super::migrations::STEPS[5].matches(queued!()).count(), 2);
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = super::Store::init(&dir.path().join("h.db")).unwrap();
+        let plan = |sql: &str| -> String {
+            let mut st = store
+                .conn
+                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+                .unwrap();
+            let n = st.parameter_count();
+            let rows: Vec<String> = st
+                .query_map(rusqlite::params_from_iter(vec![0_i64; n]), |r| {
+                    r.get::<_, String>(3)
+                })
+                .unwrap()
+                .map(Result::unwrap)
+                .collect();
+            rows.join("; ")
+        };
+        for (sql, index) in [
+            (super::deliveries::DUE_SQL, "deliveries_due"),
+            (super::deliveries::NEXT_DUE_SQL, "deliveries_due"),
+            (super::deliveries::DUE_FOR_SQL, "deliveries_recipient_due"),
+        ] {
+            let p = plan(sql);
+            assert!(p.contains(&format!("USING INDEX {index}")), "{sql}\n→ {p}");
+        }
+    }
 
     /// The SQL spelling of open work names exactly the open states.
     #[test]
