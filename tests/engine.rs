@@ -173,3 +173,57 @@ async fn a_failed_sync_stops_the_engine_before_any_write() {
         "{stopped:?}"
     );
 }
+
+/// A busy recipient is asked once per look at its queue, not once per queued delivery (issue
+/// 14: no idle cost): two handoffs queued behind a turn cost one activity request a pass.
+#[tokio::test]
+async fn a_busy_recipient_is_asked_once_per_look_not_once_per_queued_handoff() {
+    let asked = Arc::new(AtomicU64::new(0));
+    let counter = asked.clone();
+    let app = axum::Router::new().route(
+        "/activity",
+        axum::routing::get(move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+            async { r#"{"status":"busy"}"# }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(AtomicU64::new(1_800_000_000_000));
+    let mut s = service_at(&dir, clock.clone());
+    s.add_agent("lead", Some("demo"), None, None, None, &[])
+        .unwrap();
+    s.add_agent(
+        "dev",
+        Some("command"),
+        None,
+        None,
+        None,
+        &[
+            ("url".into(), serde_json::json!(format!("{base}/turn"))),
+            (
+                "activity_url".into(),
+                serde_json::json!(format!("{base}/activity")),
+            ),
+        ],
+    )
+    .unwrap();
+    for i in 0..3 {
+        s.send("lead", "dev", &format!("item {i}"), None, None, None)
+            .unwrap();
+    }
+    let mut engine = Engine::new(s, false).unwrap();
+    for look in 1..=3 {
+        let r = engine.pass().await;
+        assert_eq!(r.writes, 0, "{r:?}");
+        assert_eq!(r.looked_at, 2, "the queue's two heads: {r:?}");
+        assert_eq!(
+            asked.load(Ordering::SeqCst),
+            look,
+            "one activity request per look at the busy recipient's queue"
+        );
+        clock.fetch_add(60_000, Ordering::SeqCst);
+    }
+}

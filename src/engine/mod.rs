@@ -581,8 +581,9 @@ async fn serve(
     let mut report = PassReport::default();
     let mut ids: VecDeque<String> = ids.into();
     let mut served = 0;
+    let mut seen_busy: SeenBusy = None;
     while let Some(id) = ids.pop_front() {
-        if let Err(e) = deliver(&ctx, &svc, &id, &mut report).await {
+        if let Err(e) = deliver(&ctx, &svc, &id, &mut report, &mut seen_busy).await {
             report.errors.push(format!("{id}: {e}"));
             // Rest it, so a row that cannot be stepped is not taken again at once.
             let mut s = svc.borrow_mut();
@@ -607,6 +608,16 @@ async fn serve(
     }
     (recipient, report)
 }
+
+/// A destination one of a job's deliveries found in a turn, the answer, and when (the
+/// service's clock). The job's next queued delivery to the same destination takes that answer
+/// for its look ([`Effect::CheckActivity`]) instead of asking again, so a busy recipient is
+/// asked once per look at its queue, not once per queued delivery. Never for the re-check at
+/// the send boundary, and never an answer that would let a write go.
+type SeenBusy = Option<(model::states::Target, model::Activity, Millis)>;
+
+/// How long a job keeps a "busy" answer for its next deliveries.
+const SEEN_BUSY_FOR_MS: u64 = 1_000;
 
 /// What [`apply`] leaves: the record, the effects it asks for, the recipient as registered.
 struct Applied {
@@ -759,6 +770,7 @@ async fn deliver(
     svc: &RefCell<Service>,
     id: &str,
     report: &mut PassReport,
+    seen_busy: &mut SeenBusy,
 ) -> Result<(), ServiceError> {
     let config = svc
         .borrow_mut()
@@ -808,7 +820,21 @@ async fn deliver(
         tracing::debug!(effect = ?effect, recipient = %agent.id, "effect");
         let next = match effect {
             Effect::CheckActivity => {
-                let activity = adapters.activity(svc, &agent).await;
+                let target = record.core().target();
+                let now = svc.borrow().now();
+                let activity = match seen_busy.as_ref() {
+                    Some((t, activity, at))
+                        if t == target && now.since(*at) <= SEEN_BUSY_FOR_MS =>
+                    {
+                        activity.clone()
+                    }
+                    _ => {
+                        let activity = adapters.activity(svc, &agent).await;
+                        *seen_busy = matches!(activity, model::Activity::Busy { .. })
+                            .then(|| (target.clone(), activity.clone(), svc.borrow().now()));
+                        activity
+                    }
+                };
                 apply_all(
                     ctx,
                     svc,
@@ -1068,7 +1094,7 @@ impl Engine {
         let mut report = self.new_report();
         let mut window = Instant::now();
         let db = self.service.borrow().db_path().to_owned();
-        let changes = if self.files {
+        let mut changes = if self.files {
             service::Changes::watch(&db)
         } else {
             None
@@ -1139,6 +1165,24 @@ impl Engine {
                 let _ = self.stop(jobs).await;
                 return Err(e.to_string());
             }
+            // While jobs run, their own commits would raise a file event each (a wake of the
+            // watch's thread and of this one per WAL write): poll instead, and listen again
+            // once they are done.
+            let mut polling = None;
+            let listen = match changes.as_mut() {
+                Some(c) if jobs.is_empty() => {
+                    if !c.resume() {
+                        changes = None;
+                        events = None;
+                    }
+                    &mut events
+                }
+                Some(c) => {
+                    c.pause();
+                    &mut polling
+                }
+                None => &mut events,
+            };
             let deadline = tokio::time::Instant::now() + wait;
             tokio::select! {
                 biased;
@@ -1147,7 +1191,7 @@ impl Engine {
                     busy.remove(&recipient);
                     report.absorb(part);
                 }
-                () = watch(&self.service, seen, deadline, self.watch_every, &mut events) => {}
+                () = watch(&self.service, seen, deadline, self.watch_every, listen) => {}
             }
         }
     }

@@ -12,7 +12,10 @@ use tokio::sync::watch;
 /// database's files (the database, its WAL, its shared-memory index).
 pub struct Changes {
     rx: watch::Receiver<u64>,
-    _watcher: notify::RecommendedWatcher,
+    tx: watch::Sender<u64>,
+    watcher: notify::RecommendedWatcher,
+    folder: std::path::PathBuf,
+    paused: bool,
 }
 
 impl std::fmt::Debug for Changes {
@@ -32,6 +35,7 @@ impl Changes {
             Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
             _ => std::path::PathBuf::from("."),
         };
+        let events = tx.clone();
         let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
             if let Ok(ev) = ev
                 && ev.paths.iter().any(|p| {
@@ -39,7 +43,7 @@ impl Changes {
                         .is_some_and(|f| f.to_string_lossy().starts_with(&name))
                 })
             {
-                tx.send_modify(|n| *n = n.wrapping_add(1));
+                events.send_modify(|n| *n = n.wrapping_add(1));
             }
         })
         .ok()?;
@@ -48,8 +52,41 @@ impl Changes {
             .ok()?;
         Some(Changes {
             rx,
-            _watcher: watcher,
+            tx,
+            watcher,
+            folder,
+            paused: false,
         })
+    }
+
+    /// Stops the events for a while (an engine busy with its own commits, which would raise
+    /// an event each, polls instead): the kernel drops the watch. Idempotent.
+    pub fn pause(&mut self) {
+        use notify::Watcher as _;
+        if !self.paused {
+            self.paused = true;
+            let _ = self.watcher.unwatch(&self.folder);
+        }
+    }
+
+    /// Watches again after [`Changes::pause`], and counts as an event at once: a commit whose
+    /// WAL writes fell in the pause becomes visible only now, so whoever waits looks again
+    /// over the next moments. `false` when the kernel will not watch again (poll from then on).
+    pub fn resume(&mut self) -> bool {
+        use notify::Watcher as _;
+        if !self.paused {
+            return true;
+        }
+        self.paused = false;
+        if self
+            .watcher
+            .watch(&self.folder, notify::RecursiveMode::NonRecursive)
+            .is_err()
+        {
+            return false;
+        }
+        self.tx.send_modify(|n| *n = n.wrapping_add(1));
+        true
     }
 
     /// A receiver whose `changed()` resolves on the next event (and at once when an event
