@@ -595,6 +595,57 @@ pub fn millis(m: Millis) -> i64 {
 mod tests {
     use super::{OPEN_WORK, WorkState};
 
+    /// A transaction whose body fails or panics leaves nothing behind, and the connection
+    /// takes the next one.
+    #[test]
+    fn a_failed_or_panicking_transaction_is_rolled_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut store, _) = super::Store::init(&dir.path().join("h.db")).unwrap();
+        let v = serde_json::json!(1);
+        let failed: Result<(), super::StoreError> = store.write(|tx| {
+            tx.set_config("k", &v)?;
+            Err(super::StoreError::Sqlite("no".to_owned()))
+        });
+        assert!(failed.is_err());
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _: Result<(), super::StoreError> = store.write(|tx| {
+                tx.set_config("k", &v)?;
+                panic!("mid-transaction")
+            });
+        }));
+        assert!(panicked.is_err());
+        assert!(store.conn.is_autocommit(), "no transaction left open");
+        let read: Option<serde_json::Value> = store.read(|tx| tx.config("k")).unwrap();
+        assert_eq!(read, None, "nothing of either was committed");
+        store.write(|tx| tx.set_config("k", &v)).unwrap();
+        assert_eq!(store.read(|tx| tx.config("k")).unwrap(), Some(v));
+    }
+
+    /// A lazy connection syncs once for every write commit made since its last sync, and
+    /// not again for the same ones; reads are no commits.
+    #[test]
+    fn sync_upto_syncs_each_write_commit_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut store, _) = super::Store::init(&dir.path().join("h.db")).unwrap();
+        store.commit_lazily().unwrap();
+        let start = store.changes_so_far();
+        store
+            .write(|tx| tx.set_config("k", &serde_json::json!(1)))
+            .unwrap();
+        let mark = store.changes_so_far();
+        assert_eq!(mark, start + 1);
+        let _: Option<serde_json::Value> = store.read(|tx| tx.config("k")).unwrap();
+        assert_eq!(store.changes_so_far(), mark, "a read is no commit");
+        if super::sync_every_commit() {
+            return; // HANDOFFS_SYNC=full: every commit syncs itself, sync_upto has nothing to do
+        }
+        assert!(
+            store.sync_upto(mark).unwrap(),
+            "the first sync covering the commit"
+        );
+        assert!(!store.sync_upto(mark).unwrap(), "already covered");
+    }
+
     /// The queued states in SQL are the model's queued states, the partial indexes of schema
     /// 6 hold that very text, and the engine's looks for due deliveries use those indexes
     /// (a query whose predicate differs by a word would scan the table instead).
