@@ -210,9 +210,16 @@ impl Drop for TempDir {
 /// The simulation does not model power loss (a crash takes back only what was not
 /// committed), so the syncs the engine makes (before each write, before it waits) would only
 /// cost disk time, a third of a run.
+/// Only with room to spare (a container's default of 64 MB could fill up under parallel runs
+/// and fail a run for a reason that is no part of the world).
 fn world_folder() -> PathBuf {
+    const ROOM: u64 = 512 << 20;
     let shm = Path::new("/dev/shm");
-    let usable = shm.is_dir() && std::fs::metadata(shm).is_ok_and(|m| !m.permissions().readonly());
+    let usable = shm.is_dir()
+        && std::fs::metadata(shm).is_ok_and(|m| !m.permissions().readonly())
+        && nix::sys::statvfs::statvfs(shm).is_ok_and(|v| {
+            v.blocks_available().saturating_mul(v.fragment_size()) >= ROOM
+        });
     if usable {
         shm.to_owned()
     } else {

@@ -162,6 +162,17 @@ async fn a_failed_sync_stops_the_engine_before_any_write() {
     clock.fetch_add(120_000, Ordering::SeqCst);
     let r = engine.pass().await;
     assert_eq!(r.writes, 0, "nor on a later pass: {r:?}");
+    // Nor is anything more committed toward a write: the new handoff is still queued, not
+    // reserved (a reservation whose write never goes out would hold its recipient).
+    let overview = engine.service().overview(10).unwrap();
+    let to_dev2: Vec<_> = overview
+        .queued
+        .iter()
+        .chain(&overview.in_flight)
+        .filter(|d| d.to == "dev2")
+        .map(|d| d.state)
+        .collect();
+    assert_eq!(to_dev2, vec![model::StateKind::Waiting], "{overview:?}");
     let stopped = tokio::time::timeout(
         std::time::Duration::from_secs(10),
         engine.run(std::time::Duration::from_millis(20), std::future::pending()),
@@ -226,4 +237,52 @@ async fn a_busy_recipient_is_asked_once_per_look_not_once_per_queued_handoff() {
         );
         clock.fetch_add(60_000, Ordering::SeqCst);
     }
+}
+
+/// A write to an HTTP recipient without a status URL whose reply was lost (a 5xx) is
+/// UNCERTAIN, and stays so however often it is looked at: nothing can tell whether it
+/// landed, so it is never taken as returned (G5: a person releases it).
+#[tokio::test]
+async fn a_lost_reply_without_a_status_url_is_never_taken_as_returned() {
+    let app = axum::Router::new().route(
+        "/turn",
+        axum::routing::post(|| async { (axum::http::StatusCode::BAD_GATEWAY, "lost") }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(AtomicU64::new(1_800_000_000_000));
+    let mut s = service_at(&dir, clock.clone());
+    s.add_agent("lead", Some("demo"), None, None, None, &[])
+        .unwrap();
+    s.add_agent(
+        "dev",
+        Some("command"),
+        None,
+        None,
+        None,
+        &[("url".into(), serde_json::json!(format!("{base}/turn")))],
+    )
+    .unwrap();
+    s.send("lead", "dev", "ship it", None, None, None).unwrap();
+    let mut engine = Engine::new(s, false).unwrap();
+    let state = |engine: &Engine| {
+        let o = engine.service().overview(10).unwrap();
+        o.needs_attention
+            .iter()
+            .chain(&o.in_flight)
+            .chain(&o.recent)
+            .chain(&o.queued)
+            .map(|d| d.state)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(engine.pass().await.writes, 1);
+    assert_eq!(state(&engine), vec![model::StateKind::Uncertain]);
+    for _ in 0..20 {
+        clock.fetch_add(60_000, Ordering::SeqCst);
+        let r = engine.pass().await;
+        assert_eq!(r.writes, 0, "never written again: {r:?}");
+    }
+    assert_eq!(state(&engine), vec![model::StateKind::Uncertain]);
 }

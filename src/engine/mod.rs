@@ -51,8 +51,10 @@ const REPORT_HEARTBEAT_MS: u64 = 10_000;
 const WATCH_INTERVAL: Duration = Duration::from_millis(5);
 /// With file events, the longest `run` goes without looking for another process's commit.
 const FILES_QUIET: Duration = Duration::from_secs(1);
-/// After a file event, the last of the doubling looks for the commit it announced.
+/// After a file event, the longest gap between the looks for the commit it announced ...
 const RECHECK_MAX: Duration = Duration::from_millis(256);
+/// ... and how long after the event they go on (a commit becomes visible after its sync).
+const RECHECK_FOR: Duration = Duration::from_secs(3);
 /// How long a delivery whose step failed (a store error, an undecodable record) rests.
 const FAILED_STEP_BACKOFF_MS: u64 = 30_000;
 /// How long a stopping engine lets the turns it is starting finish their step.
@@ -364,13 +366,6 @@ impl Engine {
             Ok((enrolled, reminders)) => {
                 report.enrolled += enrolled;
                 report.reminders += reminders;
-                // A reminder is a message a person may read at once: on disk before that,
-                // so a power cut cannot take it back and have the next engine send another.
-                if reminders > 0
-                    && let Err(e) = sync_all(&self.ctx, &self.service)
-                {
-                    report.errors.push(e.to_string());
-                }
             }
             Err(e) => report.errors.push(e.to_string()),
         }
@@ -396,6 +391,9 @@ impl Engine {
         follow: bool,
         cap: usize,
     ) -> usize {
+        if self.ctx.sync_failed.borrow().is_some() {
+            return 0;
+        }
         let now = millis(self.now());
         let due = self
             .service
@@ -444,7 +442,10 @@ impl Engine {
     fn housekeeping(&mut self) -> Result<(usize, usize), ServiceError> {
         let now = self.now();
         let policy = self.ctx.policy.clone();
-        self.service.borrow_mut().store_mut().write(|tx| {
+        // Synced before it is committed, even on the engine's lazy connection: a reminder is
+        // a message someone may read at once, and a power cut must not take it back and
+        // have the next engine send another (G7, exactly once).
+        self.service.borrow_mut().store_mut().write_synced(|tx| {
             let after = service::enabled_after(tx)?;
             let mut enrolled = 0;
             for m in tx.unenrolled(after, 1_000)? {
@@ -585,6 +586,10 @@ async fn serve(
     while let Some(id) = ids.pop_front() {
         if let Err(e) = deliver(&ctx, &svc, &id, &mut report, &mut seen_busy).await {
             report.errors.push(format!("{id}: {e}"));
+            if ctx.sync_failed.borrow().is_some() {
+                // The engine stops: this job records nothing more.
+                break;
+            }
             // Rest it, so a row that cannot be stepped is not taken again at once.
             let mut s = svc.borrow_mut();
             let later = millis(s.now().plus_ms(FAILED_STEP_BACKOFF_MS));
@@ -772,6 +777,10 @@ async fn deliver(
     report: &mut PassReport,
     seen_busy: &mut SeenBusy,
 ) -> Result<(), ServiceError> {
+    // After a failed sync nothing more is committed toward a write that cannot go out.
+    if let Some(e) = ctx.sync_failed.borrow().as_ref() {
+        return Err(ServiceError::Refused(e.clone()));
+    }
     let config = svc
         .borrow_mut()
         .store_mut()
@@ -1031,9 +1040,9 @@ async fn write_now(
 
 /// Waits until another connection commits, or `deadline`. With the database's file events
 /// (`events`) it sleeps until one comes, looking at most every [`FILES_QUIET`] (a file system
-/// that sends none); after an event it looks at once and again 1, 2, 4 … 256 ms later, since
-/// the commit that wrote the WAL becomes visible only after its sync. Without events it looks
-/// every `every`.
+/// that sends none); after an event it looks at once and again 1, 2, 4 … 256 ms later, then
+/// every 256 ms until 3 s after it, since the commit that wrote the WAL becomes visible only
+/// after its sync. Without events it looks every `every`.
 async fn watch(
     svc: &RefCell<Service>,
     seen: i64,
@@ -1042,7 +1051,7 @@ async fn watch(
     events: &mut Option<tokio::sync::watch::Receiver<u64>>,
 ) {
     let changed = || svc.borrow().data_version().unwrap_or(seen) != seen;
-    let mut recheck: Option<Duration> = None;
+    let mut recheck: Option<(Duration, tokio::time::Instant)> = None;
     while let Some(rx) = events.as_mut() {
         if changed() {
             return;
@@ -1051,16 +1060,17 @@ async fn watch(
         if now >= deadline {
             return;
         }
-        let nap = recheck.unwrap_or(FILES_QUIET).min(deadline - now);
+        let nap = recheck.map_or(FILES_QUIET, |(r, _)| r).min(deadline - now);
         tokio::select! {
             biased;
-            event = rx.changed() => match event {
-                Ok(()) => recheck = Some(Duration::from_millis(1)),
-                // The watch ended (its thread is gone): poll from now on.
-                Err(_) => *events = None,
-            },
+            // `Changes` holds a sender of its own: the channel never closes.
+            _ = rx.changed() => recheck = Some((Duration::from_millis(1), tokio::time::Instant::now())),
             () = tokio::time::sleep(nap) => {
-                recheck = recheck.map(|r| r * 2).filter(|r| *r <= RECHECK_MAX);
+                // Doubling up to RECHECK_MAX, then at that pace until RECHECK_FOR after the
+                // event (a slow sync of another process's commit).
+                recheck = recheck
+                    .map(|(r, at)| ((r * 2).min(RECHECK_MAX), at))
+                    .filter(|(_, at)| at.elapsed() <= RECHECK_FOR);
             }
         }
     }
@@ -1160,8 +1170,11 @@ impl Engine {
                     () = std::future::ready(()) => continue,
                 }
             }
-            // Nothing the engine committed waits unsynced while it sleeps.
-            if let Err(e) = sync_all(&self.ctx, &self.service) {
+            // Nothing the engine committed waits unsynced while it has nothing running
+            // (while jobs run, each write syncs everything before it).
+            if jobs.is_empty()
+                && let Err(e) = sync_all(&self.ctx, &self.service)
+            {
                 let _ = self.stop(jobs).await;
                 return Err(e.to_string());
             }

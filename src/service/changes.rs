@@ -37,12 +37,16 @@ impl Changes {
         };
         let events = tx.clone();
         let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
-            if let Ok(ev) = ev
-                && ev.paths.iter().any(|p| {
-                    p.file_name()
-                        .is_some_and(|f| f.to_string_lossy().starts_with(&name))
-                })
-            {
+            // An error or an event without paths (the kernel's queue overflowed: events were
+            // lost) counts as a change too.
+            let ours = ev.map_or(true, |ev| {
+                ev.paths.is_empty()
+                    || ev.paths.iter().any(|p| {
+                        p.file_name()
+                            .is_some_and(|f| f.to_string_lossy().starts_with(&name))
+                    })
+            });
+            if ours {
                 events.send_modify(|n| *n = n.wrapping_add(1));
             }
         })

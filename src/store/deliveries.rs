@@ -405,7 +405,8 @@ impl Tx<'_> {
             }
         }
         found.sort_by_key(|f| std::cmp::Reverse((f.0, f.1)));
-        found.truncate(usize::try_from(limit).unwrap_or(0));
+        // A negative limit is no limit, as in SQLite.
+        found.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
         let mut out = Vec::new();
         let mut damaged = Vec::new();
         for (upd, _, m, rcpt, json, due) in found {

@@ -44,9 +44,9 @@ use std::time::Duration;
 
 /// Our `PRAGMA application_id` ("HNDF"): tells our database from any other SQLite file.
 const APPLICATION_ID: i64 = 0x484E_4446;
-/// How long a writer waits for another process's transaction before giving up.
 /// How [`Store::write`] begins.
 const WRITE_BEGIN: &str = "BEGIN IMMEDIATE";
+/// How long a writer waits for another process's transaction before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, thiserror::Error)]
@@ -104,6 +104,10 @@ pub struct Store {
     lazy: bool,
     /// `commits` when this connection's WAL was last synced.
     synced_changes: u64,
+    /// The WAL file as this connection first synced it, with its inode, kept open: on Linux a
+    /// descriptor reports every writeback error since it was opened, where one opened later
+    /// may report none (another process's sync may have seen and cleared it).
+    wal: Option<(std::fs::File, u64)>,
     /// Write transactions committed through [`Store::write`] (the marks of `sync_upto`).
     commits: u64,
 }
@@ -302,6 +306,7 @@ impl Store {
             lazy: false,
             synced_changes: 0,
             commits: 0,
+            wal: None,
         };
         if version < migrations::LATEST {
             store.migrate(version)?;
@@ -435,21 +440,53 @@ impl Store {
         }
         let now = self.commits;
         let wal = sibling(&self.path, "-wal");
-        match std::fs::File::open(&wal) {
-            Ok(f) => f
-                .sync_data()
-                .map_err(|e| StoreError::Io(format!("cannot sync {}: {e}", wal.display())))?,
-            // No WAL file: everything is in the database file, synced by its checkpoint.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => {
-                return Err(StoreError::Io(format!(
-                    "cannot open {} to sync it: {e}",
-                    wal.display()
-                )));
+        let cannot = |what: &str, e: std::io::Error| {
+            StoreError::Io(format!("cannot {what} {}: {e}", wal.display()))
+        };
+        let inode = match std::fs::metadata(&wal) {
+            Ok(m) => {
+                use std::os::unix::fs::MetadataExt as _;
+                m.ino()
             }
+            // No WAL file: everything is in the database file, synced by its checkpoint.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                self.synced_changes = now;
+                return Ok(true);
+            }
+            Err(e) => return Err(cannot("look at", e)),
+        };
+        if self.wal.as_ref().is_none_or(|(_, ino)| *ino != inode) {
+            let f = std::fs::File::open(&wal).map_err(|e| cannot("open", e))?;
+            self.wal = Some((f, inode));
+        }
+        if let Some((f, _)) = &self.wal {
+            f.sync_data().map_err(|e| cannot("sync", e))?;
         }
         self.synced_changes = now;
         Ok(true)
+    }
+
+    /// [`Store::write`], synced before it returns even on a lazy connection (what a reader
+    /// may act on at once: a reminder in someone's inbox). Syncs everything before it too.
+    pub fn write_synced<T, E>(&mut self, f: impl FnOnce(&Tx<'_>) -> Result<T, E>) -> Result<T, E>
+    where
+        E: From<StoreError>,
+    {
+        if !self.lazy {
+            return self.write(f);
+        }
+        self.conn
+            .execute_batch("PRAGMA synchronous=FULL;")
+            .map_err(StoreError::from)?;
+        let out = self.write(f);
+        self.conn
+            .execute_batch("PRAGMA synchronous=NORMAL;")
+            .map_err(StoreError::from)?;
+        if out.is_ok() {
+            // A FULL commit syncs the WAL, and with it every earlier commit.
+            self.synced_changes = self.commits;
+        }
+        out
     }
 
     /// SQLite's `data_version`: changes whenever another connection commits. Polling it is
@@ -615,6 +652,10 @@ mod tests {
         }));
         assert!(panicked.is_err());
         assert!(store.conn.is_autocommit(), "no transaction left open");
+        // One left open anyway (a ROLLBACK that failed) is ended before the next begins.
+        store.conn.execute_batch("BEGIN").unwrap();
+        let _: Option<serde_json::Value> = store.read(|tx| tx.config("k")).unwrap();
+        assert!(store.conn.is_autocommit());
         let read: Option<serde_json::Value> = store.read(|tx| tx.config("k")).unwrap();
         assert_eq!(read, None, "nothing of either was committed");
         store.write(|tx| tx.set_config("k", &v)).unwrap();
@@ -636,14 +677,19 @@ mod tests {
         assert_eq!(mark, start + 1);
         let _: Option<serde_json::Value> = store.read(|tx| tx.config("k")).unwrap();
         assert_eq!(store.changes_so_far(), mark, "a read is no commit");
-        if super::sync_every_commit() {
-            return; // HANDOFFS_SYNC=full: every commit syncs itself, sync_upto has nothing to do
-        }
-        assert!(
+        // With HANDOFFS_SYNC=full every commit syncs itself: sync_upto has nothing to do.
+        let lazy = !super::sync_every_commit();
+        assert_eq!(
             store.sync_upto(mark).unwrap(),
-            "the first sync covering the commit"
+            lazy,
+            "the first sync covering it"
         );
         assert!(!store.sync_upto(mark).unwrap(), "already covered");
+        // A synced write leaves nothing for sync_upto either.
+        store
+            .write_synced(|tx| tx.set_config("k", &serde_json::json!(2)))
+            .unwrap();
+        assert!(!store.sync_upto(store.changes_so_far()).unwrap());
     }
 
     /// The queued states in SQL are the model's queued states, the partial indexes of schema
