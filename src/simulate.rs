@@ -217,9 +217,8 @@ fn world_folder() -> PathBuf {
     let shm = Path::new("/dev/shm");
     let usable = shm.is_dir()
         && std::fs::metadata(shm).is_ok_and(|m| !m.permissions().readonly())
-        && nix::sys::statvfs::statvfs(shm).is_ok_and(|v| {
-            v.blocks_available().saturating_mul(v.fragment_size()) >= ROOM
-        });
+        && nix::sys::statvfs::statvfs(shm)
+            .is_ok_and(|v| v.blocks_available().saturating_mul(v.fragment_size()) >= ROOM);
     if usable {
         shm.to_owned()
     } else {

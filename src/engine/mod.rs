@@ -131,20 +131,28 @@ fn sync_or_stop(ctx: &Ctx, svc: &RefCell<Service>, mark: u64) -> Result<bool, Se
     if let Some(e) = ctx.sync_failed.borrow().as_ref() {
         return Err(ServiceError::Refused(e.clone()));
     }
-    svc.borrow_mut().store_mut().sync_upto(mark).map_err(|e| {
-        let why = format!(
-            "the database could not be synced to disk ({e}); the engine stops so that no \
-                 write goes out on a commit the disk may have lost"
-        );
-        *ctx.sync_failed.borrow_mut() = Some(why.clone());
-        ServiceError::Refused(why)
-    })
+    svc.borrow_mut()
+        .store_mut()
+        .sync_upto(mark)
+        .map_err(|e| sync_failure(ctx, &e))
 }
 
-/// Syncs every commit of the engine's connection so far: before the engine waits, at the end
-/// of a pass, on stop, and after housekeeping committed a message. What the engine commits
-/// is then on disk within one turn of its loop, whoever reads it meanwhile (an inbox, the
-/// event stream); the commits a write depends on are synced before it ([`durable`]).
+/// Records that a sync failed (the engine stops), and says so.
+fn sync_failure(ctx: &Ctx, e: &dyn std::fmt::Display) -> ServiceError {
+    let why = format!(
+        "the database could not be synced to disk ({e}); the engine stops so that no write \
+         goes out on a commit the disk may have lost"
+    );
+    let first = ctx.sync_failed.borrow_mut().get_or_insert(why).clone();
+    ServiceError::Refused(first)
+}
+
+/// A sync of the WAL running on the blocking pool.
+type IdleSync = tokio::task::JoinHandle<Result<(), crate::store::StoreError>>;
+
+/// Syncs every commit of the engine's connection so far, in line: at the end of a pass and
+/// on stop. (`run` also syncs whenever it goes idle, on the blocking pool; the commits a
+/// write depends on are synced before it, [`durable`]; housekeeping commits with FULL.)
 fn sync_all(ctx: &Ctx, svc: &RefCell<Service>) -> Result<bool, ServiceError> {
     let mark = svc.borrow_mut().store_mut().changes_so_far();
     sync_or_stop(ctx, svc, mark)
@@ -360,9 +368,13 @@ impl Engine {
         if !due {
             return;
         }
+        // A reminder can fall due only where the last housekeeping said one would (new work
+        // is due a minute after it is given at the soonest, and is seen before then).
+        let reminders_may_be_due =
+            self.last_housekeeping.is_none() || self.next_reminder.is_some_and(|r| r <= now);
         self.last_housekeeping = Some(now);
         self.housekeeping_seen = seen;
-        match self.housekeeping() {
+        match self.housekeeping(reminders_may_be_due) {
             Ok((enrolled, reminders)) => {
                 report.enrolled += enrolled;
                 report.reminders += reminders;
@@ -439,13 +451,10 @@ impl Engine {
 
     /// Enrols handoffs that have no delivery yet, and sends due reminders (one each, as a
     /// non-waking notification).
-    fn housekeeping(&mut self) -> Result<(usize, usize), ServiceError> {
+    fn housekeeping(&mut self, reminders_may_be_due: bool) -> Result<(usize, usize), ServiceError> {
         let now = self.now();
         let policy = self.ctx.policy.clone();
-        // Synced before it is committed, even on the engine's lazy connection: a reminder is
-        // a message someone may read at once, and a power cut must not take it back and
-        // have the next engine send another (G7, exactly once).
-        self.service.borrow_mut().store_mut().write_synced(|tx| {
+        let work = |tx: &Tx<'_>| {
             let after = service::enabled_after(tx)?;
             let mut enrolled = 0;
             for m in tx.unenrolled(after, 1_000)? {
@@ -481,11 +490,26 @@ impl Engine {
                 tx.insert_message(&m)?;
                 w.reminded_at = Some(millis(now));
                 tx.update_work(&w)?;
-                tx.event(millis(now), Some(&w.id), "reminder", &format!("overdue; {} reminded", w.sender))?;
+                tx.event(
+                    millis(now),
+                    Some(&w.id),
+                    "reminder",
+                    &format!("overdue; {} reminded", w.sender),
+                )?;
                 reminders += 1;
             }
             Ok((enrolled, reminders))
-        })
+        };
+        let mut svc = self.service.borrow_mut();
+        let store = svc.store_mut();
+        if reminders_may_be_due {
+            // Synced before it is committed, even on the engine's lazy connection: a reminder
+            // is a message someone may read at once, and a power cut must not take it back
+            // and have the next engine send another (G7, exactly once).
+            store.write_synced(work)
+        } else {
+            store.write(work)
+        }
     }
 }
 
@@ -1110,6 +1134,7 @@ impl Engine {
             None
         };
         let mut events = changes.as_ref().map(service::Changes::subscribe);
+        let mut idle_sync: Option<IdleSync> = None;
         loop {
             let failed = self.ctx.sync_failed.borrow().clone();
             if let Some(e) = failed {
@@ -1171,12 +1196,30 @@ impl Engine {
                 }
             }
             // Nothing the engine committed waits unsynced while it has nothing running
-            // (while jobs run, each write syncs everything before it).
-            if jobs.is_empty()
-                && let Err(e) = sync_all(&self.ctx, &self.service)
-            {
-                let _ = self.stop(jobs).await;
-                return Err(e.to_string());
+            // (while jobs run, each write syncs everything before it). The sync runs on the
+            // blocking pool, so a send that comes meanwhile is not held up by the disk (the
+            // simulation, whose worlds are replayed from a seed, syncs in line).
+            if jobs.is_empty() && idle_sync.is_none() {
+                let mut s = self.service.borrow_mut();
+                let mark = s.store_mut().changes_so_far();
+                match s.store_mut().sync_elsewhere(mark) {
+                    Ok(None) => {}
+                    Ok(Some(sync)) if self.files => {
+                        idle_sync = Some(tokio::task::spawn_blocking(sync));
+                    }
+                    Ok(Some(sync)) => {
+                        if let Err(e) = sync() {
+                            sync_failure(&self.ctx, &e);
+                        }
+                    }
+                    Err(e) => {
+                        sync_failure(&self.ctx, &e);
+                    }
+                }
+                drop(s);
+                if self.ctx.sync_failed.borrow().is_some() {
+                    continue;
+                }
             }
             // While jobs run, their own commits would raise a file event each (a wake of the
             // watch's thread and of this one per WAL write): poll instead, and listen again
@@ -1205,6 +1248,14 @@ impl Engine {
                     report.absorb(part);
                 }
                 () = watch(&self.service, seen, deadline, self.watch_every, listen) => {}
+                done = async { idle_sync.as_mut().expect("guarded").await }, if idle_sync.is_some() => {
+                    idle_sync = None;
+                    match done {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => { sync_failure(&self.ctx, &e); }
+                        Err(e) => { sync_failure(&self.ctx, &e); }
+                    }
+                }
             }
         }
     }

@@ -102,12 +102,13 @@ pub struct Store {
     path: PathBuf,
     /// Commits are not synced as they are made ([`Store::commit_lazily`]).
     lazy: bool,
-    /// `commits` when this connection's WAL was last synced.
-    synced_changes: u64,
+    /// `commits` when this connection's WAL was last synced (shared with syncs made on
+    /// another thread, [`Store::sync_elsewhere`]).
+    synced_changes: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// The WAL file as this connection first synced it, with its inode, kept open: on Linux a
     /// descriptor reports every writeback error since it was opened, where one opened later
     /// may report none (another process's sync may have seen and cleared it).
-    wal: Option<(std::fs::File, u64)>,
+    wal: Option<(std::sync::Arc<std::fs::File>, u64)>,
     /// Write transactions committed through [`Store::write`] (the marks of `sync_upto`).
     commits: u64,
 }
@@ -304,7 +305,7 @@ impl Store {
             conn,
             path,
             lazy: false,
-            synced_changes: 0,
+            synced_changes: std::sync::Arc::default(),
             commits: 0,
             wal: None,
         };
@@ -435,10 +436,25 @@ impl Store {
     /// offers no call for it; it is hand-written on purpose (docs/ARCHITECTURE.md). Returns
     /// whether it synced.
     pub fn sync_upto(&mut self, mark: u64) -> Result<bool> {
-        if !self.lazy || self.synced_changes >= mark {
-            return Ok(false);
+        match self.sync_elsewhere(mark)? {
+            Some(sync) => sync().map(|()| true),
+            None => Ok(false),
         }
-        let now = self.commits;
+    }
+
+    /// What [`Store::sync_upto`] would do, as a call to make on any thread (an engine going
+    /// idle syncs without stalling its own thread); `None` when there is nothing to sync.
+    /// The call records its mark once its sync returned.
+    pub fn sync_elsewhere(
+        &mut self,
+        mark: u64,
+    ) -> Result<Option<impl FnOnce() -> Result<()> + Send + 'static + use<>>> {
+        use std::sync::atomic::Ordering;
+        let synced = self.synced_changes.clone();
+        if !self.lazy || synced.load(Ordering::SeqCst) >= mark {
+            return Ok(None);
+        }
+        let mark = mark.min(self.commits);
         let wal = sibling(&self.path, "-wal");
         let cannot = |what: &str, e: std::io::Error| {
             StoreError::Io(format!("cannot {what} {}: {e}", wal.display()))
@@ -446,24 +462,27 @@ impl Store {
         let inode = match std::fs::metadata(&wal) {
             Ok(m) => {
                 use std::os::unix::fs::MetadataExt as _;
-                m.ino()
+                Some(m.ino())
             }
             // No WAL file: everything is in the database file, synced by its checkpoint.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                self.synced_changes = now;
-                return Ok(true);
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(cannot("look at", e)),
         };
-        if self.wal.as_ref().is_none_or(|(_, ino)| *ino != inode) {
+        if let Some(inode) = inode
+            && self.wal.as_ref().is_none_or(|(_, ino)| *ino != inode)
+        {
             let f = std::fs::File::open(&wal).map_err(|e| cannot("open", e))?;
-            self.wal = Some((f, inode));
+            self.wal = Some((std::sync::Arc::new(f), inode));
         }
-        if let Some((f, _)) = &self.wal {
-            f.sync_data().map_err(|e| cannot("sync", e))?;
-        }
-        self.synced_changes = now;
-        Ok(true)
+        let file = inode.and_then(|_| self.wal.as_ref().map(|(f, _)| f.clone()));
+        Ok(Some(move || {
+            if let Some(f) = file {
+                f.sync_data()
+                    .map_err(|e| StoreError::Io(format!("cannot sync {}: {e}", wal.display())))?;
+            }
+            synced.fetch_max(mark, Ordering::SeqCst);
+            Ok(())
+        }))
     }
 
     /// [`Store::write`], synced before it returns even on a lazy connection (what a reader
@@ -484,7 +503,8 @@ impl Store {
             .map_err(StoreError::from)?;
         if out.is_ok() {
             // A FULL commit syncs the WAL, and with it every earlier commit.
-            self.synced_changes = self.commits;
+            self.synced_changes
+                .fetch_max(self.commits, std::sync::atomic::Ordering::SeqCst);
         }
         out
     }
