@@ -130,9 +130,10 @@ const SECTIONS: &[&str] = &[
     "raw", "lib", "cli", "argv", "http", "backlog", "latency", "idle", "rss",
 ];
 
-/// Half the HTTP figure documented in docs/PERFORMANCE.md (deliveries/s, 8 recipients): the
-/// CI guard fails below it. A guard against large regressions, not a timing test.
-const HTTP_FLOOR: f64 = 700.0;
+/// Half the newest HTTP figure documented in docs/PERFORMANCE.md (deliveries/s, 8
+/// recipients; 1,209/s on the slower of two days): the CI guard fails below it. A guard
+/// against large regressions, not a timing test.
+const HTTP_FLOOR: f64 = 600.0;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -1371,21 +1371,27 @@ pub fn sweep(
 mod tests {
     use super::kept_counts;
     use crate::service::Service;
+    use std::path::Path;
+
+    /// A database at `db` where `a` has sent `b` (both demo agents) `n` handoffs.
+    fn sent(db: &Path, n: usize) {
+        let (mut s, _) = Service::init(db).unwrap();
+        for agent in ["a", "b"] {
+            s.add_agent(agent, Some("demo"), None, None, None, &[])
+                .unwrap();
+        }
+        for i in 0..n {
+            s.send("a", "b", &format!("m{i}"), None, None, None)
+                .unwrap();
+        }
+    }
 
     /// The kept counts follow inserts and moves, and the check names a count that drifted.
     #[test]
     fn kept_counts_match_until_one_drifts() {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("h.db");
-        let (mut s, _) = Service::init(&db).unwrap();
-        s.add_agent("a", Some("demo"), None, None, None, &[])
-            .unwrap();
-        s.add_agent("b", Some("demo"), None, None, None, &[])
-            .unwrap();
-        for i in 0..3 {
-            s.send("a", "b", &format!("m{i}"), None, None, None)
-                .unwrap();
-        }
+        sent(&db, 3);
         let c = rusqlite::Connection::open(&db).unwrap();
         let v = kept_counts(&c).unwrap();
         assert!(v.ok(), "{:?}", v.violations);
@@ -1402,14 +1408,7 @@ mod tests {
     fn counts_are_filled_from_the_records_on_upgrade() {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("h.db");
-        let (mut s, _) = Service::init(&db).unwrap();
-        s.add_agent("a", Some("demo"), None, None, None, &[])
-            .unwrap();
-        s.add_agent("b", Some("demo"), None, None, None, &[])
-            .unwrap();
-        s.send("a", "b", "one", None, None, None).unwrap();
-        s.send("a", "b", "two", None, None, None).unwrap();
-        drop(s);
+        sent(&db, 2);
         let c = rusqlite::Connection::open(&db).unwrap();
         c.execute_batch(
             "DROP TRIGGER deliveries_count_insert; DROP TRIGGER deliveries_count_delete;

@@ -16,6 +16,34 @@ fn service_at(dir: &tempfile::TempDir, clock: Arc<AtomicU64>) -> Service {
     )
 }
 
+/// Serves `app` on a loopback port, for as long as the test runs; its base URL.
+async fn serve_app(app: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    base
+}
+
+/// A service with `lead` (demo) and `dev`, a command agent over HTTP whose `url` is
+/// `{base}/turn`, with `settings` (URLs under `base`) besides.
+fn with_http_dev(
+    dir: &tempfile::TempDir,
+    clock: Arc<AtomicU64>,
+    base: &str,
+    settings: &[(&str, &str)],
+) -> Service {
+    let mut s = service_at(dir, clock);
+    s.add_agent("lead", Some("demo"), None, None, None, &[])
+        .unwrap();
+    let mut all = vec![("url".to_owned(), serde_json::json!(format!("{base}/turn")))];
+    for (k, path) in settings {
+        all.push(((*k).to_owned(), serde_json::json!(format!("{base}{path}"))));
+    }
+    s.add_agent("dev", Some("command"), None, None, None, &all)
+        .unwrap();
+    s
+}
+
 #[tokio::test]
 async fn overdue_work_reminds_its_sender_exactly_once_without_waking_anyone() {
     let dir = tempfile::tempdir().unwrap();
@@ -198,29 +226,10 @@ async fn a_busy_recipient_is_asked_once_per_look_not_once_per_queued_handoff() {
             async { r#"{"status":"busy"}"# }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let base = serve_app(app).await;
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(AtomicU64::new(1_800_000_000_000));
-    let mut s = service_at(&dir, clock.clone());
-    s.add_agent("lead", Some("demo"), None, None, None, &[])
-        .unwrap();
-    s.add_agent(
-        "dev",
-        Some("command"),
-        None,
-        None,
-        None,
-        &[
-            ("url".into(), serde_json::json!(format!("{base}/turn"))),
-            (
-                "activity_url".into(),
-                serde_json::json!(format!("{base}/activity")),
-            ),
-        ],
-    )
-    .unwrap();
+    let mut s = with_http_dev(&dir, clock.clone(), &base, &[("activity_url", "/activity")]);
     for i in 0..3 {
         s.send("lead", "dev", &format!("item {i}"), None, None, None)
             .unwrap();
@@ -248,23 +257,10 @@ async fn a_lost_reply_without_a_status_url_is_never_taken_as_returned() {
         "/turn",
         axum::routing::post(|| async { (axum::http::StatusCode::BAD_GATEWAY, "lost") }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let base = serve_app(app).await;
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(AtomicU64::new(1_800_000_000_000));
-    let mut s = service_at(&dir, clock.clone());
-    s.add_agent("lead", Some("demo"), None, None, None, &[])
-        .unwrap();
-    s.add_agent(
-        "dev",
-        Some("command"),
-        None,
-        None,
-        None,
-        &[("url".into(), serde_json::json!(format!("{base}/turn")))],
-    )
-    .unwrap();
+    let mut s = with_http_dev(&dir, clock.clone(), &base, &[]);
     s.send("lead", "dev", "ship it", None, None, None).unwrap();
     let mut engine = Engine::new(s, false).unwrap();
     let state = |engine: &Engine| {

@@ -805,29 +805,8 @@ async fn deliver(
     if let Some(e) = ctx.sync_failed.borrow().as_ref() {
         return Err(ServiceError::Refused(e.clone()));
     }
-    let config = svc
-        .borrow_mut()
-        .store_mut()
-        .read(|tx| tx.config("outageGuard"))?
-        .unwrap_or(Value::Null);
-    let outage = ctx.guard.check(&ctx.adapters.http, &config).await;
     let one_shot = ctx.one_shot;
-    // The time check and the pass's facts in one transaction, followed by as much as the
-    // transaction can answer itself (for an HTTP recipient without an activity source:
-    // through the reservation and the send boundary, so the write's reservation is this
-    // one commit).
-    let started = apply_all(
-        ctx,
-        svc,
-        id,
-        report,
-        |tx| {
-            let mut facts = facts(tx, id, one_shot)?;
-            facts.outage.clone_from(&outage);
-            Ok(vec![EventKind::TimePassed, EventKind::PassStarted(facts)])
-        },
-        &mut in_transaction(ctx, id),
-    )?;
+    let started = begin_pass(ctx, svc, id, report).await?;
     let mut saved = started.saved;
     let mut queue: VecDeque<Effect> = started.effects.into();
     let record = started.record;
@@ -853,21 +832,9 @@ async fn deliver(
         tracing::debug!(effect = ?effect, recipient = %agent.id, "effect");
         let next = match effect {
             Effect::CheckActivity => {
-                let target = record.core().target();
-                let now = svc.borrow().now();
-                let activity = match seen_busy.as_ref() {
-                    Some((t, activity, at))
-                        if t == target && now.since(*at) <= SEEN_BUSY_FOR_MS =>
-                    {
-                        activity.clone()
-                    }
-                    _ => {
-                        let activity = adapters.activity(svc, &agent).await;
-                        *seen_busy = matches!(activity, model::Activity::Busy { .. })
-                            .then(|| (target.clone(), activity.clone(), svc.borrow().now()));
-                        activity
-                    }
-                };
+                let activity =
+                    activity_for_look(adapters, svc, &agent, record.core().target(), seen_busy)
+                        .await;
                 apply_all(
                     ctx,
                     svc,
@@ -937,13 +904,7 @@ async fn deliver(
                 )?
             }
             Effect::Observe { request_id } => {
-                let known = matches!(current, Delivery::Accepted(_))
-                    .then(|| Adapters::observe_without_io(&agent, request_id.as_str()))
-                    .flatten();
-                let observed = match known {
-                    Some(observed) => observed,
-                    None => adapters.observe(svc, &agent, request_id.as_str()).await,
-                };
+                let observed = observe(adapters, svc, &agent, &current, request_id.as_str()).await;
                 apply(ctx, svc, id, report, |_| {
                     Ok(EventKind::Observation { observed })
                 })?
@@ -964,6 +925,76 @@ async fn deliver(
         rest(ctx, svc, id)?;
     }
     Ok(())
+}
+
+/// The first step of a delivery's pass: the outage guard, then the time check and the pass's
+/// facts in one transaction, followed by as much as the transaction can answer itself (for
+/// an HTTP recipient without an activity source: through the reservation and the send
+/// boundary, so the write's reservation is this one commit).
+async fn begin_pass(
+    ctx: &Ctx,
+    svc: &RefCell<Service>,
+    id: &str,
+    report: &mut PassReport,
+) -> Result<Applied, ServiceError> {
+    let config = svc
+        .borrow_mut()
+        .store_mut()
+        .read(|tx| tx.config("outageGuard"))?
+        .unwrap_or(Value::Null);
+    let outage = ctx.guard.check(&ctx.adapters.http, &config).await;
+    apply_all(
+        ctx,
+        svc,
+        id,
+        report,
+        |tx| {
+            let mut facts = facts(tx, id, ctx.one_shot)?;
+            facts.outage.clone_from(&outage);
+            Ok(vec![EventKind::TimePassed, EventKind::PassStarted(facts)])
+        },
+        &mut in_transaction(ctx, id),
+    )
+}
+
+/// The recipient's activity for a queued delivery's look: a busy answer this job got for the
+/// same destination within [`SEEN_BUSY_FOR_MS`], else the adapter's (kept when busy).
+async fn activity_for_look(
+    adapters: &Adapters,
+    svc: &RefCell<Service>,
+    agent: &AgentRow,
+    target: &model::states::Target,
+    seen_busy: &mut SeenBusy,
+) -> model::Activity {
+    let now = svc.borrow().now();
+    if let Some((t, activity, at)) = seen_busy.as_ref()
+        && t == target
+        && now.since(*at) <= SEEN_BUSY_FOR_MS
+    {
+        return activity.clone();
+    }
+    let activity = adapters.activity(svc, agent).await;
+    *seen_busy = matches!(activity, model::Activity::Busy { .. })
+        .then(|| (target.clone(), activity.clone(), svc.borrow().now()));
+    activity
+}
+
+/// What became of the write `request_id` of `record`: known without asking only for an
+/// ACCEPTED write (an HTTP recipient without a status URL), else the adapter's answer.
+async fn observe(
+    adapters: &Adapters,
+    svc: &RefCell<Service>,
+    agent: &AgentRow,
+    record: &Delivery,
+    request_id: &str,
+) -> model::Observed {
+    let known = matches!(record, Delivery::Accepted(_))
+        .then(|| Adapters::observe_without_io(agent, request_id))
+        .flatten();
+    match known {
+        Some(observed) => observed,
+        None => adapters.observe(svc, agent, request_id).await,
+    }
 }
 
 /// The planted bug `reserve_after_write`, a pure reordering: the reservation and the send
