@@ -149,42 +149,6 @@ CREATE INDEX deliveries_recipient_due ON deliveries (recipient, due_at)
     // many deliveries there are: each delivery's attempts and resends as columns, their sums
     // and the number of deliveries per state in `delivery_counts` (kept by triggers, whatever
     // writes a row), and the newest deliveries of a state straight from an index.
-    r"
-ALTER TABLE deliveries ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0;
-ALTER TABLE deliveries ADD COLUMN resends INTEGER NOT NULL DEFAULT 0;
-UPDATE deliveries SET
-    attempts = coalesce(json_extract(record, '$.core.attempts'), 0),
-    resends = coalesce(json_extract(record, '$.core.error_resends'), 0)
-            + coalesce(json_extract(record, '$.core.interrupt_resends'), 0)
-    WHERE json_valid(record);
-CREATE TABLE delivery_counts (
-    state TEXT PRIMARY KEY,
-    n INTEGER NOT NULL,
-    attempts INTEGER NOT NULL,
-    resends INTEGER NOT NULL
-) WITHOUT ROWID;
-INSERT INTO delivery_counts (state, n, attempts, resends)
-    SELECT state, count(*), sum(attempts), sum(resends) FROM deliveries GROUP BY state;
-CREATE TRIGGER deliveries_count_insert AFTER INSERT ON deliveries BEGIN
-    INSERT OR IGNORE INTO delivery_counts VALUES (NEW.state, 0, 0, 0);
-    UPDATE delivery_counts SET n = n + 1, attempts = attempts + NEW.attempts,
-        resends = resends + NEW.resends WHERE state = NEW.state;
-END;
-CREATE TRIGGER deliveries_count_delete AFTER DELETE ON deliveries BEGIN
-    UPDATE delivery_counts SET n = n - 1, attempts = attempts - OLD.attempts,
-        resends = resends - OLD.resends WHERE state = OLD.state;
-END;
-CREATE TRIGGER deliveries_count_update AFTER UPDATE OF state, attempts, resends ON deliveries
-    WHEN OLD.state IS NOT NEW.state OR OLD.attempts IS NOT NEW.attempts
-        OR OLD.resends IS NOT NEW.resends
-BEGIN
-    UPDATE delivery_counts SET n = n - 1, attempts = attempts - OLD.attempts,
-        resends = resends - OLD.resends WHERE state = OLD.state;
-    INSERT OR IGNORE INTO delivery_counts VALUES (NEW.state, 0, 0, 0);
-    UPDATE delivery_counts SET n = n + 1, attempts = attempts + NEW.attempts,
-        resends = resends + NEW.resends WHERE state = NEW.state;
-END;
-DROP INDEX IF EXISTS deliveries_state;
-CREATE INDEX deliveries_state ON deliveries (state, updated_at, seq);
-",
+    // Done by `Store::migrate` (`migrate_7`): each change only where it is missing.
+    "",
 ];

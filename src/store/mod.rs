@@ -337,6 +337,9 @@ impl Store {
                 if target == 5 {
                     migrate_5(&tx)?;
                 }
+                if target == 7 {
+                    migrate_7(&tx)?;
+                }
             }
         }
         tx.execute_batch(&format!(
@@ -517,6 +520,63 @@ impl Store {
             .prepare_cached("PRAGMA data_version")?
             .query_row([], |r| r.get(0))?)
     }
+}
+
+/// Schema 7: each delivery's attempts and resends as columns, and the page's counts kept by
+/// triggers (`delivery_counts`, counted afresh from the rows), so a snapshot costs the same
+/// however many deliveries there are; the newest of a state straight from an index. Each
+/// change only where it is missing.
+fn migrate_7(tx: &rusqlite::Transaction<'_>) -> Result<()> {
+    for column in ["attempts", "resends"] {
+        let present: bool = tx.query_row(
+            "SELECT count(*) > 0 FROM pragma_table_info('deliveries') WHERE name = ?1",
+            [column],
+            |r| r.get(0),
+        )?;
+        if !present {
+            tx.execute_batch(&format!(
+                "ALTER TABLE deliveries ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0;"
+            ))?;
+        }
+    }
+    tx.execute_batch(
+        r"UPDATE deliveries SET
+    attempts = coalesce(json_extract(record, '$.core.attempts'), 0),
+    resends = coalesce(json_extract(record, '$.core.error_resends'), 0)
+            + coalesce(json_extract(record, '$.core.interrupt_resends'), 0)
+    WHERE json_valid(record);
+CREATE TABLE IF NOT EXISTS delivery_counts (
+    state TEXT PRIMARY KEY,
+    n INTEGER NOT NULL,
+    attempts INTEGER NOT NULL,
+    resends INTEGER NOT NULL
+) WITHOUT ROWID;
+DELETE FROM delivery_counts;
+INSERT INTO delivery_counts (state, n, attempts, resends)
+    SELECT state, count(*), sum(attempts), sum(resends) FROM deliveries GROUP BY state;
+CREATE TRIGGER IF NOT EXISTS deliveries_count_insert AFTER INSERT ON deliveries BEGIN
+    INSERT OR IGNORE INTO delivery_counts VALUES (NEW.state, 0, 0, 0);
+    UPDATE delivery_counts SET n = n + 1, attempts = attempts + NEW.attempts,
+        resends = resends + NEW.resends WHERE state = NEW.state;
+END;
+CREATE TRIGGER IF NOT EXISTS deliveries_count_delete AFTER DELETE ON deliveries BEGIN
+    UPDATE delivery_counts SET n = n - 1, attempts = attempts - OLD.attempts,
+        resends = resends - OLD.resends WHERE state = OLD.state;
+END;
+CREATE TRIGGER IF NOT EXISTS deliveries_count_update AFTER UPDATE OF state, attempts, resends ON deliveries
+    WHEN OLD.state IS NOT NEW.state OR OLD.attempts IS NOT NEW.attempts
+        OR OLD.resends IS NOT NEW.resends
+BEGIN
+    UPDATE delivery_counts SET n = n - 1, attempts = attempts - OLD.attempts,
+        resends = resends - OLD.resends WHERE state = OLD.state;
+    INSERT OR IGNORE INTO delivery_counts VALUES (NEW.state, 0, 0, 0);
+    UPDATE delivery_counts SET n = n + 1, attempts = attempts + NEW.attempts,
+        resends = resends + NEW.resends WHERE state = NEW.state;
+END;
+DROP INDEX IF EXISTS deliveries_state;
+CREATE INDEX deliveries_state ON deliveries (state, updated_at, seq);",
+    )?;
+    Ok(())
 }
 
 /// Schema 5: cards name their session and Claude process (rows kept, filled from their
