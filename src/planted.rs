@@ -32,10 +32,12 @@ pub enum Plant {
     WebXss,
     /// The live page takes writes without the token.
     WebToken,
+    /// A chain's hop budget and depth limit are not checked (a ping-pong never stops).
+    ChainUnchecked,
 }
 
 impl Plant {
-    pub const ALL: [Plant; 11] = [
+    pub const ALL: [Plant; 12] = [
         Plant::EnrolAfterCommit,
         Plant::NoSyncBeforeWrite,
         Plant::ResumeBesideLive,
@@ -47,6 +49,7 @@ impl Plant {
         Plant::WebHost,
         Plant::WebXss,
         Plant::WebToken,
+        Plant::ChainUnchecked,
     ];
 
     /// Its name in `HANDOFFS_PLANT`.
@@ -63,6 +66,7 @@ impl Plant {
             Plant::WebHost => "web_host",
             Plant::WebXss => "web_xss",
             Plant::WebToken => "web_token",
+            Plant::ChainUnchecked => "chain_unchecked",
         }
     }
 }

@@ -82,9 +82,15 @@ fn note(trace: &Trace, host: &str, text: String) {
         .push((sim::net::elapsed(), host.to_owned(), text));
 }
 
-/// The engine's HTTP over the simulated network.
+/// The engine's HTTP over the simulated network. It notes the request id of each write that
+/// could not connect (a refusal no agent saw: its host was down), for the oracle.
 #[derive(Debug)]
-struct SimTransport;
+struct SimTransport {
+    unconnected: Unconnected,
+}
+
+/// Request ids of the writes that could not connect, in order.
+type Unconnected = Arc<Mutex<Vec<String>>>;
 
 impl Transport for SimTransport {
     fn call<'a>(
@@ -99,10 +105,21 @@ impl Transport for SimTransport {
                 Method::Get => "GET",
                 Method::Post => "POST",
             };
+            let request_id = body
+                .filter(|_| method == "POST")
+                .and_then(|b| b["request_id"].as_str().map(str::to_owned));
             let body = body.map(|b| b.to_string().into_bytes());
             match sim::net::request(method, url, body, timeout).await {
                 Ok((status, body)) => Ok(Reply { status, body }),
-                Err(sim::net::NetError::Connect(e)) => Err(HttpError::Connect(e)),
+                Err(sim::net::NetError::Connect(e)) => {
+                    if let Some(rid) = request_id {
+                        self.unconnected
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .push(rid);
+                    }
+                    Err(HttpError::Connect(e))
+                }
                 Err(sim::net::NetError::Timeout) => Err(HttpError::Timeout),
                 Err(sim::net::NetError::Other(e)) => Err(HttpError::Other(e)),
             }
@@ -293,6 +310,7 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
     let stop = Arc::new(AtomicBool::new(false));
     let sent: Arc<Mutex<Vec<Sent>>> = Arc::default();
     let holds: Arc<Mutex<Vec<oracle::HoldRow>>> = Arc::default();
+    let unconnected: Unconnected = Arc::default();
 
     let w = World {
         seed,
@@ -305,6 +323,7 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
         stop: &stop,
         sent: &sent,
         holds: &holds,
+        unconnected: &unconnected,
         handoffs: plan.handoffs,
     };
     let mut sim = world(&w);
@@ -334,6 +353,11 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
         virtual_time,
     )?;
     facts.reregistered = reregistered;
+    facts.unconnected_writes.clone_from(
+        &unconnected
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
     facts.holds.clone_from(
         &holds
             .lock()
@@ -385,6 +409,7 @@ struct World<'a> {
     stop: &'a Arc<AtomicBool>,
     sent: &'a Arc<Mutex<Vec<Sent>>>,
     holds: &'a Arc<Mutex<Vec<oracle::HoldRow>>>,
+    unconnected: &'a Unconnected,
     handoffs: usize,
 }
 
@@ -416,17 +441,21 @@ fn world(w: &World<'_>) -> sim::turmoil::Sim<'static> {
         let db = w.db.to_owned();
         let policy = w.policy.clone();
         let trace = w.trace.clone();
+        let unconnected = w.unconnected.clone();
         sim.host("engine", move || {
             let db = db.clone();
             let policy = policy.clone();
             let trace = trace.clone();
+            let transport = SimTransport {
+                unconnected: unconnected.clone(),
+            };
             async move {
                 note(&trace, "engine", "starts".to_owned());
                 let store = Store::open(&db)?;
                 let service = Service::with_clock(store, sim_clock());
                 let mut engine = Engine::new(service, false)?
                     .with_policy(policy)
-                    .with_http(crate::adapter::http::Http::new(SimTransport))
+                    .with_http(crate::adapter::http::Http::new(transport))
                     .with_watch_interval(Duration::from_secs(1));
                 engine
                     .run(Duration::from_secs(5), std::future::pending())
@@ -444,12 +473,14 @@ fn world(w: &World<'_>) -> sim::turmoil::Sim<'static> {
         let holds = w.holds.clone();
         let handoffs = w.handoffs;
         let seed = w.seed;
+        let policy = w.policy.clone();
         sim.client("driver", async move {
             let person = Person {
                 trace: &trace,
                 sent: &sent,
                 holds: &holds,
                 stop: &stop,
+                policy: &policy,
             };
             driver(&db, seed, &names, handoffs, &person).await?;
             Ok(())
@@ -817,6 +848,9 @@ struct Person<'a> {
     sent: &'a Mutex<Vec<Sent>>,
     holds: &'a Mutex<Vec<oracle::HoldRow>>,
     stop: &'a AtomicBool,
+    /// The engine's policy: a planted bug of the service's (a chain's cancel) is the
+    /// person's service's too.
+    policy: &'a Policy,
 }
 
 /// A hold the driver makes for a while: sending paused, or one connection blocked.
@@ -889,18 +923,9 @@ fn holds_due(
     Ok(())
 }
 
-async fn driver(
-    db: &Path,
-    seed: u64,
-    names: &[String],
-    handoffs: usize,
-    person: &Person<'_>,
-) -> Result<(), Box<dyn std::error::Error>> {
-    let (trace, sent, stop) = (person.trace, person.sent, person.stop);
-    let mut svc = Service::with_clock(Store::open(db)?, sim_clock());
-    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xd21e);
-    // A person pauses sending, or blocks one connection, for 5 to 15 minutes, in some runs;
-    // drawn from a stream of its own, so the sends of older seeds stay as they were.
+/// A person pauses sending, or blocks one connection, for 5 to 15 minutes, in some runs;
+/// drawn from a stream of its own, so the sends of older seeds stay as they were.
+fn planned_holds(seed: u64, names: &[String]) -> Vec<Hold> {
     let mut planned: Vec<Hold> = Vec::new();
     {
         let mut hr = ChaCha8Rng::seed_from_u64(seed ^ 0x401d);
@@ -925,7 +950,30 @@ async fn driver(
             planned.push(hold(Some((a, b)), &mut hr));
         }
     }
+    planned
+}
+
+async fn driver(
+    db: &Path,
+    seed: u64,
+    names: &[String],
+    handoffs: usize,
+    person: &Person<'_>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let (trace, sent, stop) = (person.trace, person.sent, person.stop);
+    let mut svc =
+        Service::with_clock(Store::open(db)?, sim_clock()).with_policy(person.policy.clone());
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xd21e);
+    let mut planned = planned_holds(seed, names);
     let mut returned: Vec<(String, String)> = Vec::new();
+    // A person cancels the chain of an earlier handoff now and then (SPEC §8.2), from a
+    // stream of its own.
+    let mut cancels = ChaCha8Rng::seed_from_u64(seed ^ 0xca9c);
+    // Some handoffs answer an earlier one the sender received (`--parent`), so chains grow
+    // into trees; from a stream of its own too.
+    let mut links = ChaCha8Rng::seed_from_u64(seed ^ 0x11ae);
+    let mut ids: Vec<String> = Vec::new();
+    let mut received: Vec<(usize, String)> = Vec::new();
     let gap_ms = u64::try_from(SEND_WINDOW.as_millis()).unwrap_or(u64::MAX)
         / u64::try_from(handoffs.max(1)).unwrap_or(1);
     for i in 0..handoffs {
@@ -942,8 +990,26 @@ async fn driver(
             .read(|tx| tx.agent(&names[to]))?
             .map(|a| registered_host(&a.settings))
             .unwrap_or_default();
-        match svc.send(&names[from], &names[to], &body, title.as_deref(), due, None) {
+        let parent = links
+            .random_bool(0.4)
+            .then(|| received.iter().rev().find(|(r, _)| *r == from))
+            .flatten()
+            .map(|(_, id)| id.clone());
+        let lineage = crate::service::Lineage {
+            parent,
+            ..Default::default()
+        };
+        match svc.send_as(
+            &names[from],
+            &names[to],
+            &body,
+            title.as_deref(),
+            due,
+            None,
+            &lineage,
+        ) {
             Ok(s) => {
+                received.push((to, s.message.id.clone()));
                 note(
                     trace,
                     "driver",
@@ -957,6 +1023,7 @@ async fn driver(
                             .unwrap_or_default()
                     ),
                 );
+                ids.push(s.message.id.clone());
                 sent.lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
                     .push(Sent {
@@ -966,6 +1033,7 @@ async fn driver(
             }
             Err(e) => note(trace, "driver", format!("send refused: {e}")),
         }
+        maybe_cancel(&mut svc, &ids, &mut cancels, trace);
     }
     while !stop.load(Ordering::SeqCst) {
         tokio::time::sleep(Duration::from_secs(60)).await;
@@ -1032,6 +1100,93 @@ async fn driver(
     Ok(())
 }
 
+/// Now and then, a person cancels the chain of one of the handoffs sent so far.
+fn maybe_cancel(svc: &mut Service, ids: &[String], rng: &mut ChaCha8Rng, trace: &Trace) {
+    if ids.is_empty() || !rng.random_bool(0.08) {
+        return;
+    }
+    let id = &ids[rng.random_range(0..ids.len())];
+    match svc.chain_cancel(id, None, Some("plan changed")) {
+        Ok(c) => note(
+            trace,
+            "driver",
+            format!(
+                "cancels the chain of {}: {} cancelled, {} under way",
+                short(id),
+                c.cancelled.len(),
+                c.marked.len()
+            ),
+        ),
+        Err(e) => note(trace, "driver", format!("cancel refused: {e}")),
+    }
+}
+
+/// What the chains' oracle reads: each cancelled chain and when, each message's chain, and
+/// the deliveries left to run at a cancel.
+#[allow(clippy::type_complexity)]
+fn chain_facts(
+    c: &rusqlite::Connection,
+) -> Result<
+    (
+        BTreeMap<String, Duration>,
+        BTreeMap<String, String>,
+        BTreeSet<String>,
+    ),
+    String,
+> {
+    let err = |e: rusqlite::Error| e.to_string();
+    let at =
+        |ms: i64| Duration::from_millis(u64::try_from(ms).unwrap_or(0).saturating_sub(EPOCH_MS));
+    let mut st = c
+        .prepare("SELECT id, updated_at FROM chains WHERE state = 'cancelled'")
+        .map_err(err)?;
+    let cancels = st
+        .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))
+        .and_then(Iterator::collect::<rusqlite::Result<Vec<_>>>)
+        .map_err(err)?
+        .into_iter()
+        .map(|(id, ms)| (id, at(ms)))
+        .collect();
+    let chain_of = pairs(c, "SELECT id, chain_id FROM messages")?;
+    let mut st = c
+        .prepare(
+            "SELECT message_id FROM events
+             WHERE kind = 'chain' AND detail LIKE '%its turn goes on%'",
+        )
+        .map_err(err)?;
+    let marked = st
+        .query_map([], |r| r.get::<_, String>(0))
+        .and_then(Iterator::collect::<rusqlite::Result<BTreeSet<_>>>)
+        .map_err(err)?;
+    Ok((cancels, chain_of, marked))
+}
+
+/// The rows of a query of two text columns, as a map from the first to the second.
+fn pairs(c: &rusqlite::Connection, sql: &str) -> Result<BTreeMap<String, String>, String> {
+    let mut st = c.prepare(sql).map_err(|e| e.to_string())?;
+    st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+        .and_then(Iterator::collect::<rusqlite::Result<BTreeMap<_, _>>>)
+        .map_err(|e| e.to_string())
+}
+
+/// The deliveries a person released: each stuck one the driver released, and every pending
+/// one of a cancelled chain.
+fn released_by_people(
+    c: &rusqlite::Connection,
+    driver: &BTreeSet<String>,
+) -> Result<BTreeSet<String>, String> {
+    let mut st = c
+        .prepare("SELECT DISTINCT message_id FROM events WHERE kind = 'release'")
+        .map_err(|e| e.to_string())?;
+    let mut all = driver.clone();
+    all.extend(
+        st.query_map([], |r| r.get::<_, String>(0))
+            .and_then(Iterator::collect::<rusqlite::Result<Vec<_>>>)
+            .map_err(|e| e.to_string())?,
+    );
+    Ok(all)
+}
+
 /// A person who knows how a stuck delivery ended releases each UNCERTAIN delivery that once
 /// had a receipt (scans cannot settle those), once.
 fn person_releases(
@@ -1094,6 +1249,7 @@ fn delivery_rows(c: &rusqlite::Connection) -> Result<Vec<oracle::DeliveryRow>, S
             recipient,
             state: record.kind().as_str().to_owned(),
             request_ids,
+            refusals: core.refusals(),
             error_resends: core.error_resends(),
             interrupt_resends: core.interrupt_resends(),
             resend_pending: matches!(&record, Delivery::Failed(f)
@@ -1221,11 +1377,17 @@ fn gather(
         }
     }
     status_queries.sort_by_key(|q| q.1);
+    let (chain_cancels, chain_of, marked_at_cancel) = chain_facts(c)?;
     writes.sort_by_key(|w| w.write.at);
     let mut st = c
         .prepare(
             "SELECT w.id, w.due_at,
-                    (SELECT min(m.created_at) FROM messages m WHERE m.work_id = w.id AND m.kind = 'return'),
+                    (SELECT min(t) FROM (
+                        SELECT min(m.created_at) AS t FROM messages m
+                         WHERE m.work_id = w.id AND m.kind = 'return'
+                        UNION ALL
+                        SELECT min(e.at) FROM events e WHERE e.message_id = w.id
+                           AND e.kind = 'work' AND e.detail LIKE 'closed as cancelled%')),
                     (SELECT group_concat(m.created_at) FROM messages m WHERE m.work_id = w.id AND m.kind = 'reminder'),
                     (SELECT count(*) FROM messages m JOIN deliveries d ON d.message_id = m.id
                       WHERE m.work_id = w.id AND m.kind = 'reminder')
@@ -1269,15 +1431,16 @@ fn gather(
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .windows
             .clone(),
-        released: released.clone(),
+        // A person's releases: each stuck delivery, and every pending one of a cancelled chain.
+        // A person's releases: each stuck delivery, and every pending one of a cancelled chain.
+        released: released_by_people(c, released)?,
         reregistered: BTreeSet::new(),
+        unconnected_writes: Vec::new(),
+        chain_cancels,
+        chain_of,
+        marked_at_cancel,
         holds: Vec::new(),
-        senders: {
-            let mut st = c.prepare("SELECT id, sender FROM messages").map_err(err)?;
-            st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
-                .and_then(Iterator::collect::<rusqlite::Result<BTreeMap<_, _>>>)
-                .map_err(err)?
-        },
+        senders: pairs(c, "SELECT id, sender FROM messages")?,
         busy_answers: agents
             .iter()
             .map(|a| {

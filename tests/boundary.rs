@@ -166,3 +166,142 @@ fn nothing_is_written_while_the_activity_cannot_be_verified() {
         "the delivery waited while the activity could not be verified:\n{history}"
     );
 }
+
+/// A recipient whose app checks its session as it writes, and finds it busy three times (a
+/// turn began after the engine's look: 423 Locked, nothing written), then takes the write.
+/// A busy recipient is waited for: no such answer counts as a refusal (two refusals would end
+/// the handoff FAILED, never delivered), and the same request id goes out each time.
+#[test]
+fn a_recipient_busy_at_the_write_is_waited_for_not_refused() {
+    #[derive(Default)]
+    struct Writes {
+        posts: Vec<String>,
+        taken: Vec<String>,
+    }
+    let writes: Arc<Mutex<Writes>> = Arc::default();
+    let post = writes.clone();
+    let status = writes.clone();
+    let app = axum::Router::new()
+        .route(
+            "/",
+            axum::routing::post(move |body: axum::Json<Value>| {
+                let mut s = post.lock().unwrap();
+                let req = body["request_id"].as_str().unwrap_or("?").to_owned();
+                s.posts.push(req.clone());
+                let answer = if s.posts.len() <= 3 {
+                    (
+                        axum::http::StatusCode::LOCKED,
+                        r#"{"error":"a turn is running"}"#,
+                    )
+                } else {
+                    s.taken.push(req);
+                    (axum::http::StatusCode::OK, "{}")
+                };
+                async move { answer }
+            }),
+        )
+        .route(
+            "/status/{request_id}",
+            axum::routing::get(
+                move |axum::extract::Path(req): axum::extract::Path<String>| {
+                    let known = status.lock().unwrap().taken.contains(&req);
+                    async move {
+                        if known {
+                            (axum::http::StatusCode::OK, r#"{"status":"returned"}"#)
+                        } else {
+                            (axum::http::StatusCode::NOT_FOUND, "{}")
+                        }
+                    }
+                },
+            ),
+        );
+    let url = common::serve(app);
+    let w = World::new();
+    w.ok(&["agent", "add", "alice", "--provider", "demo"]);
+    w.ok(&[
+        "agent",
+        "add",
+        "bob",
+        "--provider",
+        "command",
+        "--set",
+        &format!("url={url}"),
+        "--set",
+        &format!("status_url={url}status/{{request_id}}"),
+    ]);
+    let sent = w.json(&["send", "alice", "bob", "when your turn is over"]);
+    let id = sent["message"]["id"].as_str().unwrap().to_owned();
+    let _engine = w.spawn_engine();
+    w.wait_for(Duration::from_secs(30), |c| {
+        c.get("RETURNED") == Some(&1) || c.get("FAILED") == Some(&1)
+    });
+    let history = w.ok(&["status", &id]);
+    assert!(
+        w.counts().get("RETURNED") == Some(&1),
+        "G3: a recipient busy at the write was not waited for (its 423 answers were taken for refusals):\n{history}"
+    );
+    let s = writes.lock().unwrap();
+    assert_eq!(
+        s.posts.len(),
+        4,
+        "three turned away, then taken: {:?}",
+        s.posts
+    );
+    assert!(
+        s.posts.iter().all(|r| *r == s.posts[0]),
+        "nothing was written, so the same request id each time: {:?}",
+        s.posts
+    );
+    assert!(
+        history.contains("busy at the write") && history.contains("a turn is running"),
+        "the delivery said why it waited:\n{history}"
+    );
+    assert!(
+        !history.contains("OWNER_REJECTED"),
+        "no refusal was counted:\n{history}"
+    );
+}
+
+/// An app that stays busy at the write (423 every time, with no activity URL, so every look
+/// says idle) is written at on a growing backoff, never in a loop: a handful of tries in 8 s
+/// (0.5, 1, 2, 4 s apart), the delivery BUSY all along and never a refusal.
+#[test]
+fn a_recipient_that_stays_busy_at_the_write_is_tried_on_a_growing_backoff() {
+    let posts: Arc<Mutex<Vec<String>>> = Arc::default();
+    let seen = posts.clone();
+    let app = axum::Router::new().route(
+        "/",
+        axum::routing::post(move |body: axum::Json<Value>| {
+            seen.lock()
+                .unwrap()
+                .push(body["request_id"].as_str().unwrap_or("?").to_owned());
+            async move { (axum::http::StatusCode::LOCKED, r#"{"error":"a long turn"}"#) }
+        }),
+    );
+    let url = common::serve(app);
+    let w = World::new();
+    w.ok(&["agent", "add", "alice", "--provider", "demo"]);
+    w.ok(&[
+        "agent",
+        "add",
+        "bob",
+        "--provider",
+        "command",
+        "--set",
+        &format!("url={url}"),
+    ]);
+    let id = w.json(&["send", "alice", "bob", "whenever you can"])["message"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let _engine = w.spawn_engine();
+    std::thread::sleep(Duration::from_secs(8));
+    let n = posts.lock().unwrap().len();
+    assert!(
+        (2..=7).contains(&n),
+        "G3: a recipient busy at the write was written at {n} times in 8 s (a loop, or never)"
+    );
+    let status = w.json(&["status", &id]);
+    assert_eq!(status["state"], "BUSY", "{status}");
+    assert!(w.ok(&["status", &id]).contains("times in a row"));
+}

@@ -88,6 +88,7 @@ REBIND = "rebind.test"
 
 XSS_TITLE = '<img src=x onerror="window.__pwned=1">'
 XSS_MESSAGE = "<script>window.__pwned=2</script><b>bold</b>"
+DEAD_TITLE = '<img src=x onerror="window.__pwned=4"> for nobody'
 FORM_TITLE = "<img src=x onerror=\"alert('xss-form');window.__pwned=3\"> via the form"
 FORM_MESSAGE = "<svg onload=\"alert('xss-form-msg')\"></svg><i>italic</i> from the browser form"
 
@@ -686,6 +687,20 @@ def check_xss(ctx: Ctx) -> None:
            f"{r['bolds']} <b>bold</b>, {r['scripts']} payload <script>, seen: {short(r['inj'])}")
     report("2 the HTML message showed as literal text while in flight", r["msgSeen"],
            "the preview '<b>bold</b>' never appeared as text (the delivery may have left 'in flight' too fast)")
+
+    # A send to nobody is a dead letter: its panel shows the HTML title as text.
+    code, _, raw = http_request(demo.port, "POST", "/api/send",
+                                {"from": "planner", "to": "nobody", "title": DEAD_TITLE, "message": "lost"},
+                                {"Content-Type": "application/json", "X-Handoffs-Token": demo.token or ""})
+    report("2 POST /api/send to an unknown agent -> 404", code == 404,
+           f"HTTP {code} {short(raw.decode('utf-8', 'replace'))}")
+    d = json.dumps(DEAD_TITLE)
+    shown = page.wait("[...document.querySelectorAll('[data-testid=panel-dead] [data-testid=dead]')]"
+                      f".some(r => r.innerText.includes({d}) && r.dataset.reason === 'unknown_recipient')", 10)
+    time.sleep(0.5)
+    pwned = page.js("typeof window.__pwned === 'undefined' ? null : String(window.__pwned)")
+    report("2 the dead letter shows in its panel, its HTML title as literal text", bool(shown) and pwned is None,
+           f"shown {shown}, window.__pwned = {pwned}")
 
     # The send form, driven like a person: the token comes from the #token of the URL.
     tok = page.js("document.querySelector('[data-testid=send-token]').value")

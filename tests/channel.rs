@@ -357,3 +357,61 @@ async fn a_channel_that_closes_while_its_session_goes_on_leaves_the_turn_running
         .await;
     assert_eq!(runs_of(&p.w.db, &id).len(), 1);
 }
+
+/// The person's session turns busy between the engine's look (idle) and the take: the
+/// listener does not take the card, and it is taken back as busy at the write, which waits
+/// and is no refusal (two would end it FAILED, never delivered); once idle, the card goes out.
+/// The engine is held just before it queues the card (`HANDOFFS_TEST_HOLD_OPEN`, test builds).
+#[cfg(feature = "planted-bugs")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_that_turns_busy_before_the_take_waits_and_is_no_refusal() {
+    let p = Person::new();
+    let (_client, mut cards, _child) = p.channel().await;
+    let hold = p.w.dir.path().join("hold-open");
+    std::fs::create_dir_all(&hold).unwrap();
+    let _engine = p.w.spawn_engine_env(&[(
+        "HANDOFFS_TEST_HOLD_OPEN".to_owned(),
+        hold.display().to_string(),
+    )]);
+    let id = p.send("at the wrong moment");
+    let start = Instant::now();
+    while !hold.join("ready").exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the write never came"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    p.registry("busy");
+    std::fs::write(hold.join("go"), "").unwrap();
+    let start = Instant::now();
+    let mut history = String::new();
+    while start.elapsed() < Duration::from_secs(30) {
+        history = p.w.ok(&["status", &id]);
+        if history.contains("busy at the write") || history.contains("OWNER_REJECTED") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        history.contains("busy at the write") && !history.contains("OWNER_REJECTED"),
+        "G3: a card not taken because the session turned busy was counted as a refusal:\n{history}"
+    );
+    assert!(
+        next_card(&mut cards, Duration::from_millis(200))
+            .await
+            .is_none(),
+        "nothing pushed while busy"
+    );
+    p.registry("idle");
+    let card = next_card(&mut cards, Duration::from_secs(30))
+        .await
+        .expect("pushed once the session is idle");
+    let request = card.params.unwrap()["meta"]["request_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    p.transcript_turn(&request, "at the wrong moment");
+    p.wait_state(&id, &["RETURNED"], Duration::from_secs(30))
+        .await;
+}

@@ -373,6 +373,74 @@ fn a_session_open_in_an_interactive_session_waits_with_that_reason() {
     assert_eq!(c.runs(&id).len(), 1);
 }
 
+/// Another Claude process takes the session between the engine's look (nobody held it) and
+/// the write: nothing is written, and the handoff waits as for a busy recipient; that is no
+/// refusal (two would end it FAILED, never delivered). Once that process is gone it goes out
+/// as one turn, with the same request id. The supervisor is held just before it takes the
+/// session (`HANDOFFS_TEST_HOLD_OPEN`, test builds only).
+#[cfg(feature = "planted-bugs")]
+#[test]
+fn a_session_taken_between_the_look_and_the_write_waits_and_is_no_refusal() {
+    let Some(c) = Claude::new() else { return };
+    let hold = c.w.dir.path().join("hold-open");
+    std::fs::create_dir_all(&hold).unwrap();
+    let mut env = c.env.clone();
+    env.push((
+        "HANDOFFS_TEST_HOLD_OPEN".to_owned(),
+        hold.display().to_string(),
+    ));
+    let _engine = c.w.spawn_engine_env(&env);
+    let id = c.send("for the session taken at the last moment", None);
+    let start = Instant::now();
+    while !hold.join("ready").exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the write never came\n{}",
+            c.w.unsettled_report()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The engine looked (nobody held the session) and is about to write: a headless Claude
+    // of someone else's takes it (what it leaves in the registry while it runs).
+    let mut holder = Command::new("sleep").arg("60").spawn().unwrap();
+    let sessions = c.config.join("sessions");
+    std::fs::create_dir_all(&sessions).unwrap();
+    std::fs::write(
+        sessions.join(format!("{}.json", holder.id())),
+        json!({"pid": holder.id(), "sessionId": c.session, "cwd": c.folder, "kind": "sdk-cli",
+               "entrypoint": "sdk-cli"})
+        .to_string(),
+    )
+    .unwrap();
+    let posts = c.message_posts();
+    std::fs::write(hold.join("go"), "").unwrap();
+    let start = Instant::now();
+    let mut history = String::new();
+    while start.elapsed() < Duration::from_secs(30) {
+        history = c.w.ok(&["status", &id]);
+        if history.contains("busy at the write") || history.contains("OWNER_REJECTED") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        history.contains("busy at the write") && !history.contains("OWNER_REJECTED"),
+        "G3: a session taken at the write was counted as a refusal, not waited for:\n{history}"
+    );
+    assert_eq!(c.state(&id), "BUSY", "{history}");
+    assert_eq!(c.message_posts(), posts, "nothing reached the model");
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    c.wait_state(&id, &["RETURNED"], Duration::from_secs(60));
+    let runs = c.runs(&id);
+    assert_eq!(
+        runs.len(),
+        1,
+        "one request id: nothing was written the first time"
+    );
+    assert_eq!(c.find(&runs[0].0), Found::Reply);
+}
+
 /// A turn killed mid-way is interrupted; after the wait one resend goes out, with a new
 /// request id, and the resend's turn returns.
 #[test]

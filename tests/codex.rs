@@ -788,6 +788,68 @@ fn a_person_turn_that_starts_between_the_look_and_the_write_is_never_folded_into
     assert_eq!(runs.len(), 1, "{runs:?}");
 }
 
+/// The person's own Codex takes the thread between the engine's look (idle, nobody holds it)
+/// and the write: Codex answers "active writer", nothing is written, and the handoff waits
+/// as for a busy recipient; that is no refusal (two would end it FAILED, never delivered).
+/// Once the person's process is gone it goes out as one turn, with the same request id. The
+/// supervisor is held just before it opens the thread (`HANDOFFS_TEST_HOLD_OPEN`, test builds
+/// only).
+#[cfg(feature = "planted-bugs")]
+#[test]
+fn a_thread_taken_between_the_look_and_the_write_waits_and_is_no_refusal() {
+    let Some(c) = Codex::new(None) else { return };
+    let hold = c.w.dir.path().join("hold-open");
+    std::fs::create_dir_all(&hold).unwrap();
+    let mut env = c.env.clone();
+    env.push((
+        "HANDOFFS_TEST_HOLD_OPEN".to_owned(),
+        hold.display().to_string(),
+    ));
+    let _engine = c.w.spawn_engine_env(&env);
+    let id = c.send("for the thread taken at the last moment", None);
+    let start = Instant::now();
+    while !hold.join("ready").exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the write never came\n{}",
+            c.w.unsettled_report()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The engine looked (nobody held the thread) and is about to write: the person opens it.
+    let mut person = AppServer::start(&c.binary, &c.env, &c.folder);
+    person
+        .call(
+            "thread/resume",
+            &json!({"threadId": c.thread, "excludeTurns": true}),
+        )
+        .expect("the person resumes the thread");
+    std::fs::write(hold.join("go"), "").unwrap();
+    let start = Instant::now();
+    let mut history = String::new();
+    while start.elapsed() < Duration::from_secs(30) {
+        history = c.w.ok(&["status", &id]);
+        if history.contains("busy at the write") || history.contains("OWNER_REJECTED") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        history.contains("busy at the write") && !history.contains("OWNER_REJECTED"),
+        "G3: a thread taken at the write was counted as a refusal, not waited for:\n{history}"
+    );
+    assert_eq!(c.state(&id), "BUSY", "{history}");
+    person.stop();
+    c.wait_state(&id, &["RETURNED"], Duration::from_secs(90));
+    let runs = c.runs(&id);
+    assert_eq!(
+        runs.len(),
+        1,
+        "one request id: nothing was written the first time"
+    );
+    assert_eq!(c.find(&runs[0].0), Found::Completed);
+}
+
 /// A lost answer (the request went out, its answer never came back): nobody can tell whether
 /// the message started, so the write is not called errored and resent; the delivery is
 /// UNCERTAIN, and the rollout shows its turn ran: RETURNED, one write. Through the daemon the

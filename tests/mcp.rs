@@ -786,6 +786,53 @@ async fn every_result_matches_its_tools_output_schema() {
         )
         .await,
     );
+    let plan = check(
+        "send_handoff",
+        &call(
+            &alice,
+            "send_handoff",
+            json!({"to": "bob", "message": "a plan to drop", "budget": "tokens=10"}),
+        )
+        .await,
+    );
+    assert_eq!(plan["hop"], 0, "a chain of its own: {plan}");
+    // bob spends from the plan's budget (naming its message: no turn of his runs here).
+    let spent = check(
+        "spend_budget",
+        &call(
+            &bob,
+            "spend_budget",
+            json!({"units": {"tokens": 4, "usd": 0.25}, "parent": plan["id"]}),
+        )
+        .await,
+    );
+    assert_eq!(spent["units"]["tokens"]["spent"], 4, "{spent}");
+    assert_eq!(spent["units"]["usd"]["spent"], 0.25, "{spent}");
+    let over = err_text(
+        &call(
+            &bob,
+            "spend_budget",
+            json!({"units": {"tokens": 7}, "parent": plan["id"]}),
+        )
+        .await,
+    );
+    assert!(
+        over.contains("budget tokens=10 spent: 4 used, 7 more asked"),
+        "{over}"
+    );
+    // Only the chain's origin cancels it, whoever a tool's arguments name.
+    let spoof = err_text(&call(&bob, "cancel_chain", json!({"id": plan["id"]})).await);
+    assert!(spoof.contains("only the chain's origin (alice)"), "{spoof}");
+    let cancelled = check(
+        "cancel_chain",
+        &call(
+            &alice,
+            "cancel_chain",
+            json!({"id": plan["id"], "note": "dropped"}),
+        )
+        .await,
+    );
+    assert_eq!(cancelled["cancelled"], json!([plan["id"]]), "{cancelled}");
     check(
         "handoff_status",
         &call(&alice, "handoff_status", json!({"id": id})).await,

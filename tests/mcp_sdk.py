@@ -65,6 +65,7 @@ HANDOFF_TOOLS = [
     "send_handoff", "inbox", "read_message", "accept_work", "return_work", "close_work",
     "handoff_status", "list_agents", "wait_for_messages", "create_handoff", "claim_handoff",
     "renew_handoff", "pass_handoff", "complete_handoff", "show_handoff", "list_handoffs",
+    "cancel_chain", "spend_budget",
 ]
 CONTEXT_TOOLS = [
     "context_brief", "context_search", "context_get", "context_record", "context_supersede",
@@ -75,6 +76,7 @@ CONTEXT_READ_ONLY = {"context_brief", "context_search", "context_get", "context_
 WRITES = {
     "send_handoff", "accept_work", "return_work", "close_work", "create_handoff", "claim_handoff",
     "renew_handoff", "pass_handoff", "complete_handoff", "context_record", "context_supersede",
+    "cancel_chain", "spend_budget",
 }
 
 CALL_TIMEOUT = 10.0  # seconds, per tool call

@@ -90,6 +90,19 @@ fn a_sweep_catches_a_skipped_activity_recheck_at_the_send_boundary() {
 
 #[cfg(feature = "planted-bugs")]
 #[test]
+fn a_sweep_catches_a_busy_answer_at_the_write_taken_for_a_refusal() {
+    // A person starts a turn right after the boundary's "idle": the app answers 423.
+    caught_within("busy_at_write_refused", "G3", 20);
+}
+
+#[cfg(feature = "planted-bugs")]
+#[test]
+fn a_sweep_catches_a_cancel_that_leaves_pending_deliveries_to_be_written() {
+    caught_within("cancel_leaves_pending", "chains", 20);
+}
+
+#[cfg(feature = "planted-bugs")]
+#[test]
 fn a_sweep_catches_unknown_activity_taken_for_idle() {
     caught_within("unknown_is_idle", "G3", 20);
 }

@@ -456,3 +456,111 @@ async fn an_empty_token_file_is_refused_and_init_replaces_it() {
     w.ok(&["init"]);
     assert!(std::fs::read_to_string(&token).expect("token").trim().len() >= 32);
 }
+
+/// A chain stopped by its hop budget needs a person: the page lists it under "needs
+/// attention" with the reason and the command that lifts it, and counts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_chain_shows_under_needs_attention() {
+    let app = app(false);
+    let w = &app.world;
+    w.ok(&["config", "chainHopBudget", "0"]);
+    let root = w.json(&["send", "planner", "writer", "draft it"])["message"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let out = w.run(&["send", "writer", "planner", "and back", "--parent", &root]);
+    assert_eq!(out.status.code(), Some(1));
+    let mut found = Value::Null;
+    for _ in 0..50 {
+        let (_, v) = get(&app, "/api/status").await;
+        if let Some(c) = v["needs_attention"]
+            .as_array()
+            .and_then(|a| a.iter().find(|d| d["state"] == "CHAIN_STOPPED"))
+        {
+            found = c.clone();
+            assert!(v["totals"]["needs_attention"].as_i64() >= Some(1), "{v}");
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(found["id"], json!(root), "{found}");
+    let reason = found["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("hop budget 0 spent") && reason.contains("chain resume"),
+        "{reason}"
+    );
+    // The refused send is a dead letter: counted by reason on the page and in /metrics.
+    let (_, v) = get(&app, "/api/status").await;
+    assert_eq!(v["dead_letters"]["counts"]["chain_stopped"], 1, "{v}");
+    assert_eq!(v["dead_letters"]["newest"][0]["from"], "writer");
+    let (s, body, _) = request(&app, "GET", "/metrics", Some("127.0.0.1:8765"), &[], vec![]).await;
+    assert_eq!(s, StatusCode::OK);
+    let text = String::from_utf8_lossy(&body);
+    assert!(
+        text.contains("handoffs_dead_letters{reason=\"chain_stopped\"} 1")
+            && text.contains("handoffs_dead_letters{reason=\"topology\"} 0"),
+        "{text}"
+    );
+}
+
+/// `POST /api/spend` spends from a chain's budget like `chain spend`: the token is needed,
+/// a spend past the limit is 409 and stops the chain, bad bodies are 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spend_over_http_needs_the_token_and_stops_at_the_limit() {
+    let app = app(false);
+    let w = &app.world;
+    let root =
+        w.json(&["send", "planner", "writer", "draft it", "--budget", "usd=1"])["message"]["id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+    let post = |token: Option<String>, body: Value| {
+        let app = &app;
+        async move {
+            let mut headers = vec![("content-type", "application/json")];
+            let t = token.unwrap_or_default();
+            if !t.is_empty() {
+                headers.push(("x-handoffs-token", t.as_str()));
+            }
+            let (s, b, _) = request(
+                app,
+                "POST",
+                "/api/spend",
+                Some("127.0.0.1:8765"),
+                &headers,
+                serde_json::to_vec(&body).expect("json"),
+            )
+            .await;
+            (
+                s,
+                serde_json::from_slice::<Value>(&b).unwrap_or(Value::Null),
+            )
+        }
+    };
+    let body = json!({"agent": "writer", "units": {"usd": 0.6}, "parent": root});
+    let (s, v) = post(None, body.clone()).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "{v}");
+    let (s, v) = post(Some(app.token.clone()), body.clone()).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["chain"]["units"]["usd"]["spent"], 0.6, "{v}");
+    let (s, v) = post(Some(app.token.clone()), body.clone()).await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("budget usd=1 spent: 0.6 used, 0.6 more asked")),
+        "{v}"
+    );
+    for bad in [
+        json!({"agent": "writer", "units": {"usd": -1}, "parent": root}),
+        json!({"agent": "writer", "units": "usd=1", "parent": root}),
+        json!({"agent": "writer", "units": {"usd": 1}, "from": "x"}),
+    ] {
+        let (s, v) = post(Some(app.token.clone()), bad.clone()).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{bad}: {v}");
+        assert!(is_error(&v), "{v}");
+    }
+    let c = w.json(&["chain", "show", &root]);
+    assert_eq!(c["chain"]["state"], "needs_human", "{c}");
+    assert_eq!(c["chain"]["units"]["usd"]["spent"], 0.6, "{c}");
+}

@@ -296,6 +296,13 @@ impl Delivery {
                 BusyReason::EarlierDelivery { message } => {
                     format!("waiting for the earlier delivery {message}")
                 }
+                BusyReason::AtTheWrite { detail, times } => {
+                    let mut s = format!("busy at the write: {detail}");
+                    if *times > 1 {
+                        let _ = write!(s, " ({times} times in a row)");
+                    }
+                    s
+                }
             },
             Delivery::Held(h) => match h.reason {
                 HeldReason::Paused => "delivery is paused (enabled=false)".to_owned(),

@@ -27,9 +27,13 @@ pub enum EventKind {
     PassStarted(PassFacts),
     /// The adapter's answer to `Effect::CheckActivity` (step 7).
     ActivityObserved { activity: Activity },
-    /// The reservation transaction's view: another active delivery to the same recipient, if
-    /// any (step 8).
-    Reservation { earlier_active: Option<MessageId> },
+    /// The reservation transaction's view (step 8): another active delivery to the same
+    /// recipient, if any, and the permission read in that same transaction, so a pause or a
+    /// block committed after the pass began holds the delivery before an attempt is spent.
+    Reservation {
+        earlier_active: Option<MessageId>,
+        permission: Permission,
+    },
     /// The re-check at the send boundary, after preparing (step 9): permission, the
     /// recipient's registration (so a moved agent gets nothing) and activity.
     SendBoundary {
@@ -127,6 +131,10 @@ pub enum WriteOutcome {
     },
     /// The app refused before accepting anything; nothing was written.
     Refused { detail: String },
+    /// The app turned the write away because the session was busy at that very moment (a turn
+    /// began, or another process took the session, after the engine's last look); nothing was
+    /// written. The delivery waits, as for a busy recipient; this is no refusal.
+    Busy { detail: String },
     /// An error after the write may have been sent.
     Failed { detail: String },
     /// No answer in time.

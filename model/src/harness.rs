@@ -139,6 +139,7 @@ pub fn decode(data: &[u8], max_events: usize) -> (Delivery, Vec<Event>) {
                 earlier_active: b
                     .flag()
                     .then(|| b.pick(&[MessageId::new("m0"), start.core().message.clone()])),
+                permission,
             },
             3 => EventKind::SendBoundary {
                 permission,
@@ -147,7 +148,7 @@ pub fn decode(data: &[u8], max_events: usize) -> (Delivery, Vec<Event>) {
                 work_open: !b.next().is_multiple_of(4),
             },
             4 => EventKind::WriteResult {
-                outcome: match b.next() % 5 {
+                outcome: match b.next() % 6 {
                     0 => WriteOutcome::Receipt {
                         turn,
                         request_id: Some(request_id),
@@ -162,7 +163,10 @@ pub fn decode(data: &[u8], max_events: usize) -> (Delivery, Vec<Event>) {
                     3 => WriteOutcome::Failed {
                         detail: "reset".to_owned(),
                     },
-                    _ => WriteOutcome::TimedOut,
+                    4 => WriteOutcome::TimedOut,
+                    _ => WriteOutcome::Busy {
+                        detail: "a turn began".to_owned(),
+                    },
                 },
             },
             5 => EventKind::Observation { observed },

@@ -6,6 +6,7 @@
 //! time, ids and the world's answers arrive as data inside each `Event`. The engine, the
 //! simulation and the model checker all call the same `step`.
 
+pub mod chain;
 pub mod delivery;
 pub mod event;
 pub mod harness;

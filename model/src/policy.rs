@@ -200,6 +200,18 @@ pub enum PlantedBug {
     /// A write whose outcome is unknown (a timeout, a server error) is written again at once
     /// with the same request id, the naive retry (breaks G2; engine-level).
     RetryUnknownWrite,
+    /// A write the app turned away because its session was busy at that moment counts as a
+    /// refusal: a second such race ends the delivery FAILED, never delivered, where SPEC says
+    /// wait (breaks G3's "a busy recipient is waited for").
+    BusyAtWriteRefused,
+    /// A chain's cancel marks the chain but leaves its pending deliveries to the engine,
+    /// which writes them (breaks "nothing is written after its chain was cancelled";
+    /// service-level).
+    CancelLeavesPending,
+    /// A budget's check looks at what was spent before a spend, not at what would be after
+    /// it, so the spend that crosses the limit passes (breaks "no chain spends beyond its
+    /// budget").
+    SpendPastBudget,
 }
 
 #[cfg(test)]

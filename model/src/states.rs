@@ -135,6 +135,9 @@ pub struct Core {
     pub(crate) attempts: u32,
     /// Explicit refusals in the current series.
     pub(crate) refusals: u32,
+    /// Writes of the current series the recipient's app turned away busy (no refusal).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub(crate) busy_at_write: u32,
     pub(crate) error_resends: u32,
     pub(crate) interrupt_resends: u32,
     pub(crate) enrolled_at: Millis,
@@ -143,6 +146,11 @@ pub struct Core {
     /// A passing remark that does not change the state (an outage, a failed check).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) note: Option<String>,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)]
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl Core {
@@ -164,6 +172,7 @@ impl Core {
             earlier_request_ids: Vec::new(),
             attempts: 0,
             refusals: 0,
+            busy_at_write: 0,
             error_resends: 0,
             interrupt_resends: 0,
             enrolled_at: now,
@@ -249,6 +258,10 @@ pub enum BusyReason {
     },
     /// Another delivery to the same recipient is active.
     EarlierDelivery { message: MessageId },
+    /// The recipient's app turned the write away: its session was busy at that very moment
+    /// (nothing was written). `times`: how many writes of this series were turned away so,
+    /// which the engine backs off by.
+    AtTheWrite { detail: String, times: u32 },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -795,6 +808,7 @@ impl Failed {
         core.earlier_request_ids.push(old);
         core.attempts = 0;
         core.refusals = 0;
+        core.busy_at_write = 0;
         Waiting {
             core,
             reason: WaitingReason::Resend,

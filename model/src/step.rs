@@ -52,7 +52,10 @@ pub fn step(record: Delivery, event: Event, policy: &Policy) -> Step {
     let arm = match event.kind {
         EventKind::PassStarted(facts) => on_pass(record, facts, now, policy),
         EventKind::ActivityObserved { activity } => on_activity(record, &activity, now, policy),
-        EventKind::Reservation { earlier_active } => on_reservation(record, earlier_active, now),
+        EventKind::Reservation {
+            earlier_active,
+            permission,
+        } => on_reservation(record, earlier_active, permission, now),
         EventKind::SendBoundary {
             permission,
             recipient,
@@ -275,8 +278,24 @@ fn on_activity(record: Delivery, activity: &Activity, now: Millis, policy: &Poli
 
 // ----- step 8 ------------------------------------------------------------------------------
 
-fn on_reservation(record: Delivery, earlier_active: Option<MessageId>, now: Millis) -> Arm {
-    fn go<P: Pending + Into<Delivery>>(p: P, earlier: Option<MessageId>, now: Millis) -> Arm {
+fn on_reservation(
+    record: Delivery,
+    earlier_active: Option<MessageId>,
+    permission: Permission,
+    now: Millis,
+) -> Arm {
+    fn go<P: Pending + Into<Delivery>>(
+        p: P,
+        earlier: Option<MessageId>,
+        permission: Permission,
+        now: Millis,
+    ) -> Arm {
+        // A pause or a block committed since the pass began: held, no attempt spent.
+        match permission {
+            Permission::Paused => return done(p.hold(HeldReason::Paused, now)),
+            Permission::Blocked => return done(p.hold(HeldReason::ConnectionBlocked, now)),
+            Permission::Allowed => {}
+        }
         match earlier {
             Some(message) if message != p.core().message => {
                 done(p.busy(BusyReason::EarlierDelivery { message }, now))
@@ -285,9 +304,9 @@ fn on_reservation(record: Delivery, earlier_active: Option<MessageId>, now: Mill
         }
     }
     match record {
-        Delivery::Waiting(p) => go(p, earlier_active, now),
-        Delivery::Busy(p) => go(p, earlier_active, now),
-        Delivery::OwnerRejected(p) => go(p, earlier_active, now),
+        Delivery::Waiting(p) => go(p, earlier_active, permission, now),
+        Delivery::Busy(p) => go(p, earlier_active, permission, now),
+        Delivery::OwnerRejected(p) => go(p, earlier_active, permission, now),
         Delivery::Held(_) | Delivery::Unavailable(_) => {
             Arm::Ignored("a held or unavailable delivery is re-checked by a pass first")
         }
@@ -385,6 +404,20 @@ fn on_write_result(record: Delivery, outcome: WriteOutcome, now: Millis, policy:
                 AfterRefusal::Retry(rejected) => done(rejected),
                 AfterRefusal::Failed(failed) => done(failed),
             },
+            WriteOutcome::Busy { detail } if policy.planted(PlantedBug::BusyAtWriteRefused) => {
+                match s.refused(detail, now, policy) {
+                    AfterRefusal::Retry(rejected) => done(rejected),
+                    AfterRefusal::Failed(failed) => done(failed),
+                }
+            }
+            // Busy at the write: nothing was written; wait as for a busy recipient. The
+            // reserved attempt stays counted, unused; the next one reuses the request id.
+            WriteOutcome::Busy { detail } => {
+                let times = s.core.busy_at_write + 1;
+                let mut waiting = s.back_out(now);
+                waiting.core.busy_at_write = times;
+                done(waiting.busy(BusyReason::AtTheWrite { detail, times }, now))
+            }
             WriteOutcome::Failed { detail } => {
                 done(s.uncertain(UncertainCause::WriteError { detail }, None, now))
             }

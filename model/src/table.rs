@@ -369,6 +369,17 @@ pub fn sample_events() -> Vec<(&'static str, Event)> {
                 SECOND,
                 EventKind::Reservation {
                     earlier_active: None,
+                    permission: Permission::Allowed,
+                },
+            ),
+        ),
+        (
+            "reservation: blocked since the pass began",
+            at(
+                SECOND,
+                EventKind::Reservation {
+                    earlier_active: None,
+                    permission: Permission::Blocked,
                 },
             ),
         ),
@@ -378,6 +389,7 @@ pub fn sample_events() -> Vec<(&'static str, Event)> {
                 SECOND,
                 EventKind::Reservation {
                     earlier_active: Some(MessageId::new("m0")),
+                    permission: Permission::Allowed,
                 },
             ),
         ),
@@ -482,6 +494,15 @@ pub fn sample_events() -> Vec<(&'static str, Event)> {
                 SECOND,
                 write(WriteOutcome::Refused {
                     detail: "not now".to_owned(),
+                }),
+            ),
+        ),
+        (
+            "write: busy at the write",
+            at(
+                SECOND,
+                write(WriteOutcome::Busy {
+                    detail: "a turn began".to_owned(),
                 }),
             ),
         ),

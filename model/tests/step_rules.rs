@@ -103,6 +103,7 @@ impl Drive {
     fn reserve(&mut self) -> &mut Self {
         self.on(EventKind::Reservation {
             earlier_active: None,
+            permission: Permission::Allowed,
         })
     }
     fn boundary(&mut self) -> &mut Self {
@@ -196,6 +197,7 @@ fn a_second_delivery_waits_for_the_earlier_one() {
         .activity(Activity::Idle)
         .on(EventKind::Reservation {
             earlier_active: Some(MessageId::new("m0")),
+            permission: Permission::Allowed,
         });
     assert_eq!(d.kind(), StateKind::Busy);
     assert!(
@@ -204,6 +206,22 @@ fn a_second_delivery_waits_for_the_earlier_one() {
             .contains("waiting for the earlier delivery m0")
     );
     assert_eq!(d.record.core().attempts(), 0, "no attempt spent");
+}
+
+#[test]
+fn a_block_committed_after_the_pass_began_holds_at_the_reservation() {
+    // The pass saw the connection allowed; a person blocked it while the activity was
+    // looked up. The reservation's own read sees the block: HELD, no attempt spent.
+    let mut d = Drive::new(work());
+    d.pass()
+        .activity(Activity::Idle)
+        .on(EventKind::Reservation {
+            earlier_active: None,
+            permission: Permission::Blocked,
+        });
+    assert_eq!(d.kind(), StateKind::Held);
+    assert_eq!(d.record.core().attempts(), 0, "no attempt spent");
+    assert!(d.effects.is_empty(), "nothing prepared: {:?}", d.effects);
 }
 
 #[test]
@@ -233,6 +251,39 @@ fn second_refusal_fails_without_holding_recipient() {
         d.kind(),
         StateKind::Failed,
         "never resent: no turn was delivered"
+    );
+}
+
+#[test]
+fn a_write_turned_away_busy_waits_and_never_counts_as_a_refusal() {
+    let mut d = Drive::new(work());
+    let busy = || WriteOutcome::Busy {
+        detail: "thread t is open in another Codex process".to_owned(),
+    };
+    for _ in 0..3 {
+        d.up_to_write().write(busy());
+        assert_eq!(d.kind(), StateKind::Busy, "a busy recipient is waited for");
+        assert!(d.record.detail().contains("busy at the write"));
+        assert_eq!(d.record.core().refusals(), 0, "no refusal counted");
+        assert_eq!(
+            d.record.core().request_id().as_str(),
+            "r1",
+            "nothing was written"
+        );
+    }
+    d.up_to_write().write(WriteOutcome::Refused {
+        detail: "not now".to_owned(),
+    });
+    assert_eq!(d.kind(), StateKind::OwnerRejected, "the first real refusal");
+    d.up_to_write().write(WriteOutcome::Receipt {
+        turn: TurnId::new("t1"),
+        request_id: Some(RequestId::new("r1")),
+    });
+    assert_eq!(d.kind(), StateKind::Accepted);
+    assert_eq!(
+        d.record.core().attempts(),
+        5,
+        "each reservation counted, unused or not"
     );
 }
 

@@ -1,6 +1,6 @@
 //! A simulated agent host: one session that is idle or busy, speaking the command adapter's
 //! HTTP protocol (SPEC §4): `POST /turn` writes one turn (200 with the turn id, 409 when it
-//! refuses), `GET /status/{request_id}` tells what became of a request (404: never seen, so a
+//! refuses, 423 when its session is busy as the write arrives), `GET /status/{request_id}` tells what became of a request (404: never seen, so a
 //! history scan is complete), `GET /activity` says idle or busy. A person also starts turns
 //! of their own now and then. Everything it received is kept for the oracle, and survives the
 //! host's crashes (it is the agent's own history).
@@ -16,7 +16,8 @@ use std::time::Duration;
 /// How a host treats a write that arrives while a turn runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HostKind {
-    /// Refuses it (409): the app's own check and the write are one step.
+    /// Turns it away as busy (423, nothing written): the app's own check and the write are
+    /// one step.
     Refusing,
     /// Codex-like: a start during a turn is folded into the running turn (answered with that
     /// turn's id); if that turn is then interrupted, the folded text is lost with it.
@@ -70,8 +71,8 @@ pub struct Received {
     /// Taken during a running turn: folded into it (Codex-like) or run beside it on a forked
     /// transcript (Claude-like). A refusing host never takes such a write.
     pub into_busy: Option<HostKind>,
-    /// The HTTP status it answered: 200 taken, 409 refused (busy or not now), 500 failed
-    /// before it was taken (the engine cannot tell whether it landed).
+    /// The HTTP status it answered: 200 taken, 409 refused, 423 busy (a turn runs; nothing
+    /// written), 500 failed before it was taken (the engine cannot tell whether it landed).
     pub status: u16,
     /// Whether, at the moment it arrived, the store held a committed reservation for its
     /// request id with the write issued (G8, read from the database file by the recipient).
@@ -333,7 +334,8 @@ impl AgentState {
             .as_ref()
             .is_none_or(|check| (check.0)(&request_id));
         let into_busy = (while_busy && self.kind != HostKind::Refusing).then_some(self.kind);
-        let refused = (while_busy && into_busy.is_none()) || self.chance(self.rates.refusal);
+        let turned_away = while_busy && into_busy.is_none();
+        let refused = turned_away || self.chance(self.rates.refusal);
         self.received.push(Received {
             request_id: request_id.clone(),
             addressed_to,
@@ -341,7 +343,11 @@ impl AgentState {
             busy_since,
             taken: !refused,
             into_busy: into_busy.filter(|_| !refused),
-            status: if refused { 409 } else { 200 },
+            status: match (turned_away, refused) {
+                (true, _) => 423,
+                (false, true) => 409,
+                (false, false) => 200,
+            },
             reserved,
             last_answer,
         });
@@ -359,15 +365,15 @@ impl AgentState {
             ));
             return (500, json!({ "error": "internal error" }).to_string());
         }
-        if refused {
-            let why = if while_busy && into_busy.is_none() {
-                "busy"
-            } else {
-                "refused"
-            };
+        if turned_away {
             self.trace
-                .push((now, format!("write {} {why}", short(&request_id))));
-            return (409, json!({ "error": why }).to_string());
+                .push((now, format!("write {} busy (423)", short(&request_id))));
+            return (423, json!({ "error": "busy" }).to_string());
+        }
+        if refused {
+            self.trace
+                .push((now, format!("write {} refused", short(&request_id))));
+            return (409, json!({ "error": "refused" }).to_string());
         }
         let slow = self.chance(self.rates.slow);
         let secs = if slow {

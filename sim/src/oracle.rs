@@ -25,6 +25,12 @@ pub const REMINDER_LAG: Duration = Duration::from_secs(120);
 /// check-then-write over the command protocol cannot close (the real codex adapter closes it
 /// by writing through Codex's queue; a Claude session offers no such precondition).
 pub const BUSY_RACE: Duration = Duration::from_secs(5);
+/// The answer of an app that checks its session as it writes and finds it busy (423 Locked):
+/// nothing was written, and the delivery waits (SPEC §4).
+pub const BUSY_AT_WRITE: u16 = 423;
+/// The least time between two writes of one request id that its app turned away busy: the
+/// engine's first backoff (half a second), less the network's jitter.
+pub const BUSY_AGAIN_MIN: Duration = Duration::from_millis(400);
 
 /// One delivery as stored at the end of the run.
 #[derive(Clone, Debug, Default)]
@@ -35,6 +41,8 @@ pub struct DeliveryRow {
     pub state: String,
     /// Every request id of the delivery, oldest first; the last is the current one.
     pub request_ids: Vec<String>,
+    /// The refusals counted in its current series (two end it FAILED, never delivered).
+    pub refusals: u32,
     pub error_resends: u32,
     pub interrupt_resends: u32,
     /// FAILED with a resend still planned.
@@ -76,7 +84,7 @@ pub struct SentRow {
 pub struct WorkRow {
     pub id: String,
     pub due_at: Duration,
-    /// When it was first returned, if it was.
+    /// When it was first returned (or closed by its chain's cancel), if it was.
     pub returned_at: Option<Duration>,
     /// When each reminder was sent.
     pub reminders: Vec<Duration>,
@@ -122,6 +130,15 @@ pub struct Run {
     pub registered: BTreeMap<String, String>,
     /// Agents a person re-registered at another host during the run.
     pub reregistered: BTreeSet<String>,
+    /// Request ids of the writes that could not connect (their host was down): refusals no
+    /// agent saw, noted by the network.
+    pub unconnected_writes: Vec<String>,
+    /// Chains a person cancelled, and when (SPEC §8.2).
+    pub chain_cancels: BTreeMap<String, Duration>,
+    /// Each message's chain.
+    pub chain_of: BTreeMap<String, String>,
+    /// Deliveries whose turn was under way when their chain was cancelled (left to run).
+    pub marked_at_cancel: BTreeSet<String>,
     /// Activity answers that forbade a write: "busy", or unreadable (503).
     pub busy_answers: usize,
     /// The pauses and blocks a person made, and each delivery's sender.
@@ -248,9 +265,9 @@ pub fn g1_exact_recipient(run: &Run) -> Verdict {
     v
 }
 
-/// G2: a request id is written again only after an explicit refusal, at most SPEC's refusal
-/// retries times; a delivery's writes never exceed its request ids × (1 + retries); every
-/// write belongs to a delivery.
+/// G2: a request id is written again only after an explicit refusal (at most SPEC's refusal
+/// retries times) or after the app turned it away busy (423: nothing written, so it is no
+/// write); every write belongs to a delivery.
 pub fn g2_one_write_per_attempt(run: &Run) -> Verdict {
     let mut v = Verdict::new("G2", "one write per attempt");
     let per_id = 1 + Policy::default().refusal_retries_max as usize;
@@ -274,20 +291,31 @@ pub fn g2_one_write_per_attempt(run: &Run) -> Verdict {
                 short(rid)
             ));
         }
-        // Only an explicit refusal (409) allows the same request id again; a write taken, or
-        // failed with a server error (it may have landed), never.
-        let again_after_taken = got.windows(2).any(|p| p[0].write.status != 409);
-        if again_after_taken || got.len() > per_id {
+        // Only an explicit refusal (409) or a busy answer (423) allows the same request id
+        // again; a write taken, or failed with a server error (it may have landed), never.
+        // A busy answer wrote nothing, so it counts toward no limit.
+        let again_after_taken = got
+            .windows(2)
+            .any(|p| p[0].write.status != 409 && p[0].write.status != BUSY_AT_WRITE);
+        let writes = got
+            .iter()
+            .filter(|g| g.write.status != BUSY_AT_WRITE)
+            .count();
+        if again_after_taken || writes > per_id {
             v.violations.push(format!(
                 "request {} was written {} times ({})",
                 short(rid),
-                got.len(),
+                writes,
                 got.iter()
                     .map(|g| format!(
                         "{} at {}{}",
                         g.host,
                         hms(g.write.at),
-                        if g.write.taken { " taken" } else { " refused" }
+                        match (g.write.taken, g.write.status) {
+                            (true, _) => " taken",
+                            (false, BUSY_AT_WRITE) => " busy",
+                            (false, _) => " refused",
+                        }
                     ))
                     .collect::<Vec<_>>()
                     .join(", ")
@@ -298,13 +326,15 @@ pub fn g2_one_write_per_attempt(run: &Run) -> Verdict {
 }
 
 /// G3: no write is taken by a session in another turn, none arrives later than the race
-/// allowance into one, and at most one delivery per recipient is active at any moment (from
-/// the engine's full state history, not samples).
+/// allowance into one, at most one delivery per recipient is active at any moment (from
+/// the engine's full state history, not samples), and a busy recipient is waited for: a
+/// write the app turned away busy (423) never counts as a refusal.
 pub fn g3_never_interrupt(run: &Run) -> Verdict {
     let mut v = Verdict::new("G3", "never interrupt");
     // Exercised: each answer that forbade a write (busy, unreadable), and each write that
     // arrived while the session was in a turn.
     v.exercised = run.busy_answers;
+    g3_waited_for(run, &mut v);
     for w in &run.writes {
         if w.write.busy_since.is_some() {
             v.exercised += 1;
@@ -387,6 +417,51 @@ pub fn g3_never_interrupt(run: &Run) -> Verdict {
         }
     }
     v
+}
+
+/// A delivery's refusals are refusals it really met: each one an explicit 409 from the agent
+/// or a write that could not connect, for its current request id. A 423 (busy at the write)
+/// taken for a refusal shows as one more refusal than that.
+fn g3_waited_for(run: &Run, v: &mut Verdict) {
+    for d in &run.deliveries {
+        let Some(rid) = d.request_ids.last() else {
+            continue;
+        };
+        let answered = |status: u16| {
+            run.writes
+                .iter()
+                .filter(|w| &w.write.request_id == rid && w.write.status == status)
+                .count()
+        };
+        let busy = answered(BUSY_AT_WRITE);
+        if busy > 0 {
+            v.exercised += busy;
+        }
+        // Turned away busy again and again: on a backoff, never in a loop.
+        let times: Vec<Duration> = run
+            .writes
+            .iter()
+            .filter(|w| &w.write.request_id == rid && w.write.status == BUSY_AT_WRITE)
+            .map(|w| w.write.at)
+            .collect();
+        if let Some(p) = times.windows(2).find(|p| p[1] < p[0] + BUSY_AGAIN_MIN) {
+            v.violations.push(format!(
+                "request {} was written at a busy session again {} ms after it was turned away",
+                short(rid),
+                p[1].saturating_sub(p[0]).as_millis()
+            ));
+        }
+        let unconnected = run.unconnected_writes.iter().filter(|r| *r == rid).count();
+        let refusals = answered(409) + unconnected;
+        if d.refusals as usize > refusals {
+            v.violations.push(format!(
+                "{} counts {} refusals for request {}, but met {refusals} (and {busy} busy answers at the write, which are no refusal)",
+                short(&d.id),
+                d.refusals,
+                short(rid)
+            ));
+        }
+    }
 }
 
 /// G4: resends within SPEC's limits, an interrupted turn resent no sooner than 10 minutes
@@ -729,7 +804,54 @@ pub fn judge(run: &Run, settle_bound: Duration) -> Vec<Verdict> {
         g8_durability(run),
         held(run),
         liveness(run, settle_bound),
+        chains(run),
     ]
+}
+
+/// How long after a cancel a write that was already on its way may arrive.
+const IN_FLIGHT: Duration = Duration::from_secs(5);
+
+/// SPEC §8.2 cascading cancel: once a chain is cancelled, none of its deliveries is written,
+/// but those whose turn was already under way (marked at the cancel, left to run).
+pub fn chains(run: &Run) -> Verdict {
+    let mut v = Verdict::new("chains", "nothing is written after its chain was cancelled");
+    let owners = owners(run);
+    for d in &run.deliveries {
+        if run
+            .chain_of
+            .get(&d.id)
+            .is_some_and(|c| run.chain_cancels.contains_key(c))
+        {
+            v.exercised += 1;
+        }
+    }
+    for w in &run.writes {
+        let Some(d) = owners.get(w.write.request_id.as_str()) else {
+            continue;
+        };
+        let Some((chain, at)) = run
+            .chain_of
+            .get(&d.id)
+            .and_then(|c| run.chain_cancels.get(c).map(|at| (c, at)))
+        else {
+            continue;
+        };
+        // A delivery under way at the cancel keeps only the write then in flight (it lands
+        // within the network's latency); anything later (a retry after a busy answer or a
+        // refusal, a resend) is a write after the cancel.
+        let in_flight = run.marked_at_cancel.contains(&d.id) && w.write.at <= *at + IN_FLIGHT;
+        if w.write.at > *at && !in_flight {
+            v.violations.push(format!(
+                "{} was written to {} at {}, after its chain {} was cancelled at {}",
+                short(&d.id),
+                w.host,
+                hms(w.write.at),
+                short(chain),
+                hms(*at)
+            ));
+        }
+    }
+    v
 }
 
 /// How long after a person paused sending (or blocked a pair) a reservation may still be
@@ -786,8 +908,49 @@ pub fn held(run: &Run) -> Verdict {
 
 #[cfg(test)]
 mod tests {
-    use super::{DeliveryRow, EventRow, HoldRow, Run, held};
+    use super::{DeliveryRow, EventRow, HoldRow, Run, WriteRow, g3_never_interrupt, held};
+    use crate::agent::Received;
     use std::time::Duration;
+
+    /// One write of request `r1` to host `b`, answered `status`.
+    fn answered(status: u16) -> WriteRow {
+        WriteRow {
+            host: "b".to_owned(),
+            write: Received {
+                request_id: "r1".to_owned(),
+                addressed_to: "b".to_owned(),
+                at: Duration::from_secs(10),
+                busy_since: None,
+                taken: status == 200,
+                into_busy: None,
+                status,
+                reserved: true,
+                last_answer: None,
+            },
+        }
+    }
+
+    #[test]
+    fn a_busy_answer_at_the_write_counted_as_a_refusal_is_caught_by_g3() {
+        let mut run = reserved_at(10);
+        run.deliveries[0].refusals = 1;
+        run.deliveries[0].state = "OWNER_REJECTED".to_owned();
+        run.writes = vec![answered(423)];
+        let v = g3_never_interrupt(&run);
+        assert!(
+            v.violations
+                .iter()
+                .any(|m| m.contains("counts 1 refusals for request r1, but met 0")),
+            "{:?}",
+            v.violations
+        );
+        // A real refusal, or a write that could not connect, is one.
+        run.writes.push(answered(409));
+        assert!(g3_never_interrupt(&run).violations.is_empty());
+        run.writes.pop();
+        run.unconnected_writes = vec!["r1".to_owned()];
+        assert!(g3_never_interrupt(&run).violations.is_empty());
+    }
 
     fn reserved_at(secs: u64) -> Run {
         Run {
@@ -796,6 +959,7 @@ mod tests {
                 recipient: "b".to_owned(),
                 state: "RETURNED".to_owned(),
                 request_ids: vec!["r1".to_owned()],
+                refusals: 0,
                 error_resends: 0,
                 interrupt_resends: 0,
                 resend_pending: false,

@@ -72,6 +72,7 @@ pub async fn write(
     w: &super::Write<'_>,
     channel: &ChannelRow,
 ) -> WriteOutcome {
+    super::codex::hold_before_open(w.request_id).await;
     let (db, now) = {
         let s = service.borrow();
         (s.db().to_owned(), millis(s.now()))
@@ -147,28 +148,46 @@ pub async fn write(
             }
         }
         if started.elapsed() > TAKE_WAIT || !listener_alive(&db, channel.pid) {
-            return take_back(service, w.request_id, channel.pid);
+            // Its Claude turned busy after the engine's look: busy at the write, no refusal.
+            let busy = listener_alive(&db, channel.pid)
+                .then(|| claude::holder_busy(w.agent, channel.claude_pid))
+                .flatten();
+            return take_back(service, w.request_id, channel.pid, busy.as_deref());
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
-/// Takes back a card its listener did not take: a refusal (nothing written); a receipt when
-/// it was taken meanwhile.
-fn take_back(service: &RefCell<dyn Host>, request_id: &str, listener: i64) -> WriteOutcome {
+/// Takes back a card its listener did not take: a refusal (nothing written), or busy at the
+/// write when its Claude turned busy meanwhile (`busy`); a receipt when it was taken meanwhile.
+fn take_back(
+    service: &RefCell<dyn Host>,
+    request_id: &str,
+    listener: i64,
+    busy: Option<&str>,
+) -> WriteOutcome {
     let mut s = service.borrow_mut();
     let now = millis(s.now());
-    let detail = format!(
-        "the channel (handoffs mcp, pid {listener}) did not take the card; nothing was written"
-    );
+    let detail = match &busy {
+        Some(why) => format!("{why}; the card was taken back, nothing was written"),
+        None => format!(
+            "the channel (handoffs mcp, pid {listener}) did not take the card; nothing was written"
+        ),
+    };
+    let outcome = if busy.is_some() {
+        command::HELD
+    } else {
+        "refused"
+    };
     let withdrawn = s.runs().write(|tx| {
         let withdrawn = tx.withdraw_push(request_id)?;
         if withdrawn {
-            tx.finish_run(request_id, now, None, "refused", Some(&detail))?;
+            tx.finish_run(request_id, now, None, outcome, Some(&detail))?;
         }
         Ok::<_, crate::store::StoreError>(withdrawn)
     });
     match withdrawn {
+        Ok(true) if busy.is_some() => WriteOutcome::Busy { detail },
         Ok(true) => WriteOutcome::Refused { detail },
         // Not there to take back: taken (a receipt), or taken back by another look (refused).
         Ok(false) => match s.runs().read(|tx| tx.push(request_id)) {

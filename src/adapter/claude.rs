@@ -257,30 +257,47 @@ fn session_locked(session: &str) -> bool {
     session_lock_path(session).is_ok_and(|p| !super::codex::lock_holders(&p).is_empty())
 }
 
+/// Why a session could not be taken for a turn: nothing was written either way.
+#[derive(Debug)]
+pub enum NotClaimed {
+    /// Another process has the session now (it took it after the engine's look): the
+    /// delivery waits, as for a busy recipient.
+    Held(String),
+    /// The session cannot be taken at all (no lock folder, no config, an unreadable
+    /// registry): a refusal.
+    Refused(String),
+}
+
 /// Takes the session for one turn, at the moment of writing: its lock, and no live process of
 /// it. The lock is held until the returned file is dropped. `Err` says why nothing is written.
-pub fn claim(_db: &Path, session: &Session) -> Result<File, String> {
-    let lock = open_session_lock(&session.id)?;
+pub fn claim(_db: &Path, session: &Session) -> Result<File, NotClaimed> {
+    let lock = open_session_lock(&session.id).map_err(NotClaimed::Refused)?;
     match lock.try_lock() {
         Ok(()) => {}
         Err(std::fs::TryLockError::WouldBlock) => {
-            return Err(format!(
+            return Err(NotClaimed::Held(format!(
                 "another delivery is resuming session {} right now",
                 session.id
-            ));
+            )));
         }
         Err(std::fs::TryLockError::Error(e)) => {
-            return Err(format!("cannot lock the session: {e}"));
+            return Err(NotClaimed::Refused(format!("cannot lock the session: {e}")));
         }
     }
     // The planted naive adapter resumes whatever holds the session.
     if crate::planted(crate::Plant::ResumeBesideLive) {
         return Ok(lock);
     }
-    let config = config_dir(session.config_dir.as_deref())
-        .ok_or("no Claude config folder: set config_dir, or CLAUDE_CONFIG_DIR")?;
-    match live_holders(&config, &session.id)?.first() {
-        Some(h) => Err(h.describe(&session.id)),
+    let config = config_dir(session.config_dir.as_deref()).ok_or_else(|| {
+        NotClaimed::Refused(
+            "no Claude config folder: set config_dir, or CLAUDE_CONFIG_DIR".to_owned(),
+        )
+    })?;
+    match live_holders(&config, &session.id)
+        .map_err(NotClaimed::Refused)?
+        .first()
+    {
+        Some(h) => Err(NotClaimed::Held(h.describe(&session.id))),
         None => Ok(lock),
     }
 }
@@ -755,6 +772,19 @@ pub fn activity(service: &RefCell<dyn Host>, agent: &AgentRow) -> Activity {
     }
 }
 
+/// Why the interactive Claude `claude_pid` holding the agent's session is not idle now, if
+/// its registry entry says so (a channel card it did not take: it turned busy meanwhile).
+pub(crate) fn holder_busy(agent: &AgentRow, claude_pid: i64) -> Option<String> {
+    let session = session_of(agent);
+    let config = config_dir(session.config_dir.as_deref())?;
+    let holders = live_holders(&config, &session.id).ok()?;
+    holders
+        .iter()
+        .find(|h| i64::from(h.pid) == claude_pid)
+        .filter(|h| h.status.as_deref().is_some_and(|s| s != "idle"))
+        .map(|h| h.describe(&session.id))
+}
+
 /// The channel to write through: the session is open in one interactive Claude process with
 /// a live handoffs channel in it. `Err` when it is so open but not idle now (the send
 /// boundary's re-check: nothing is written).
@@ -796,7 +826,8 @@ pub async fn start(service: &RefCell<dyn Host>, w: &Write<'_>) -> WriteOutcome {
     if !crate::planted(crate::Plant::ResumeBesideLive) {
         match channel_now(service, w.agent, &session) {
             Ok(Some(channel)) => return super::channel::write(service, w, &channel).await,
-            Err(detail) => return WriteOutcome::Refused { detail },
+            // The person's session is busy now (it was idle at the engine's look): wait.
+            Err(detail) => return WriteOutcome::Busy { detail },
             Ok(None) => {}
         }
     }
@@ -857,7 +888,7 @@ pub fn scan(service: &RefCell<dyn Host>, agent: &AgentRow, request_id: &str) -> 
     let refused_or_none = {
         let mut s = service.borrow_mut();
         match s.runs().read(|tx| tx.run(request_id)) {
-            Ok(Some(run)) => run.outcome.as_deref() == Some("refused"),
+            Ok(Some(run)) => super::command::wrote_nothing(run.outcome.as_deref()),
             Ok(None) => true,
             Err(_) => return ScanResult::NothingFound { complete: false },
         }

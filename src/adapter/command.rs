@@ -241,6 +241,16 @@ pub(crate) fn still_running_or(
     }
 }
 
+/// A run's outcome when its write was turned away because the session was busy at that
+/// moment (another process took it after the engine's look): nothing was written, and the
+/// delivery waits; unlike "refused", it is no refusal (SPEC §2.2 step 10).
+pub(crate) const HELD: &str = "held";
+
+/// Whether a run's outcome says nothing was written ("refused" or "held").
+pub(crate) fn wrote_nothing(outcome: Option<&str>) -> bool {
+    matches!(outcome, Some("refused" | HELD))
+}
+
 pub(crate) fn observed_of(run: &RunRow, alive: bool) -> Observed {
     let turn = TurnId::new(&run.request_id);
     match run.outcome.as_deref() {
@@ -251,7 +261,7 @@ pub(crate) fn observed_of(run: &RunRow, alive: bool) -> Observed {
             turn_open: false,
         },
         Some("returned") => Observed::Returned { turn },
-        Some("refused") => Observed::NotFound,
+        Some("refused" | HELD) => Observed::NotFound,
         Some(_) => Observed::Failed {
             turn,
             failure: TurnFailure::Errored,
@@ -353,8 +363,13 @@ pub async fn start(
                 request_id: Some(RequestId::new(echoed)),
             }
         }
+        // 423 Locked: the session was busy as the write arrived (a turn began, another
+        // client holds it); nothing was written, and the delivery waits (SPEC §4).
+        Ok(r) if r.status == 423 => WriteOutcome::Busy {
+            detail: format!("the agent answered 423{}", reason_of(&r)),
+        },
         Ok(r) if r.is_client_error() => WriteOutcome::Refused {
-            detail: format!("the agent answered {}", r.status),
+            detail: format!("the agent answered {}{}", r.status, reason_of(&r)),
         },
         Ok(r) => WriteOutcome::Failed {
             detail: format!("the agent answered {}", r.status),
@@ -365,6 +380,20 @@ pub async fn start(
         Err(HttpError::Timeout) => WriteOutcome::TimedOut,
         Err(HttpError::Other(e)) => WriteOutcome::Failed { detail: e },
     }
+}
+
+/// The reason an agent gave with its answer (a JSON body's `error`, cut short), for the
+/// delivery's detail: `" (…)"`, or nothing.
+fn reason_of(r: &super::http::Reply) -> String {
+    r.json()
+        .ok()
+        .and_then(|v| {
+            v.get("error")
+                .and_then(Value::as_str)
+                .map(|e| crate::text::one_line(e, 120))
+        })
+        .map(|e| format!(" ({e})"))
+        .unwrap_or_default()
 }
 
 async fn start_argv(service: &RefCell<dyn Host>, w: &Write<'_>, argv: Vec<String>) -> WriteOutcome {
@@ -406,7 +435,7 @@ pub(crate) async fn start_supervised(
         Ok(cmd) => cmd,
         Err(detail) => return WriteOutcome::Refused { detail },
     };
-    // A refused run never ran: its row goes, so the one allowed retry (same request id) runs.
+    // A refused or held run never ran: its row goes, so the retry (same request id) runs.
     if let Err(e) = service
         .borrow_mut()
         .runs()
@@ -454,6 +483,13 @@ async fn receipt(
                     detail: run
                         .detail
                         .unwrap_or_else(|| "the command could not start".to_owned()),
+                };
+            }
+            Ok(Some(run)) if run.outcome.as_deref() == Some(HELD) => {
+                return WriteOutcome::Busy {
+                    detail: run
+                        .detail
+                        .unwrap_or_else(|| "the session was taken".to_owned()),
                 };
             }
             // Recorded and started (or recorded earlier: a request id runs once).
@@ -680,7 +716,7 @@ pub async fn scan(
         let db = service.db().to_owned();
         let now = millis(service.now());
         return match service.runs().read(|tx| tx.run(request_id)) {
-            Ok(Some(run)) if run.outcome.as_deref() != Some("refused") => {
+            Ok(Some(run)) if !wrote_nothing(run.outcome.as_deref()) => {
                 let alive = run.outcome.is_none() && still_running(service.runs(), &db, &run, now);
                 let run = if alive {
                     run
@@ -810,11 +846,20 @@ pub async fn supervise(s: Supervise) -> i32 {
     let log = runs_dir(&s.db).join(format!("{}.log", s.request_id));
     // A Claude session is resumed by one process at a time: the session's lock for as long
     // as the turn runs, and no live process of the session beside it (two resumes fork the
-    // transcript silently). Either refuses the write; nothing was written.
+    // transcript silently). Nothing is written without both: a session another process has
+    // now is busy at the write (the delivery waits), anything else a refusal.
+    if s.claude.is_some() {
+        super::codex::hold_before_open(&s.request_id).await;
+    }
     let _session_lock = match &s.claude {
         Some(c) => match super::claude::claim(&s.db, c) {
             Ok(lock) => Some(lock),
-            Err(detail) => {
+            Err(super::claude::NotClaimed::Held(detail)) => {
+                finish_unwritten(&mut store, &s, HELD, &detail);
+                cleanup(&s, &lock_file, &log);
+                return 0;
+            }
+            Err(super::claude::NotClaimed::Refused(detail)) => {
                 refuse(&mut store, &s, &detail);
                 cleanup(&s, &lock_file, &log);
                 return 0;
@@ -873,8 +918,13 @@ pub async fn supervise(s: Supervise) -> i32 {
 
 /// Records that the write was refused: nothing was written.
 fn refuse(store: &mut Store, s: &Supervise, detail: &str) {
+    finish_unwritten(store, s, "refused", detail);
+}
+
+/// Records that nothing was written, and why (`outcome`: "refused" or [`HELD`]).
+fn finish_unwritten(store: &mut Store, s: &Supervise, outcome: &str, detail: &str) {
     let now = millis(crate::clock::now());
-    let _ = store.write(|tx| tx.finish_run(&s.request_id, now, None, "refused", Some(detail)));
+    let _ = store.write(|tx| tx.finish_run(&s.request_id, now, None, outcome, Some(detail)));
 }
 
 /// The write into a thread the Codex daemon serves, watched to its end.

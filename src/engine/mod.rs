@@ -479,8 +479,10 @@ impl Engine {
                     "Reminder: the work \"{}\" you gave to {} is past its due time and has not been returned.",
                     w.title, w.recipient
                 );
+                let of = tx.message(&w.id)?;
                 let m = service::work_message(
                     &w,
+                    of.as_ref(),
                     (&w.recipient, &w.sender),
                     body,
                     ("notification", "reminder"),
@@ -514,6 +516,19 @@ impl Engine {
 }
 
 /// The facts of SPEC §2.2 steps 1–6 for one delivery, read in the step's transaction.
+/// The reservation transaction's view of `id` (SPEC §2.2 step 8): an earlier active delivery
+/// to its recipient, and the permission as committed now (a block since the pass began holds
+/// it before an attempt is spent).
+fn reservation(tx: &Tx<'_>, id: &str) -> Result<EventKind, ServiceError> {
+    let m = tx
+        .message(id)?
+        .ok_or_else(|| ServiceError::NotFound(format!("message {id} is gone")))?;
+    Ok(EventKind::Reservation {
+        earlier_active: tx.active_for(&m.recipient, id)?.map(model::MessageId::new),
+        permission: service::permission(tx, &m.sender, &m.recipient)?,
+    })
+}
+
 fn facts(tx: &Tx<'_>, id: &str, one_shot: bool) -> Result<PassFacts, ServiceError> {
     let m = tx
         .message(id)?
@@ -559,6 +574,12 @@ fn due_after(
         Delivery::Busy(b) => match b.reason() {
             BusyReason::EarlierDelivery { .. } => soon(30_000),
             BusyReason::RecipientInTurn { .. } => backoff(500, 15_000),
+            // Turned away at the write while the look said idle (an app without an activity
+            // source, or one whose look and lock disagree): twice as long each time, from
+            // half a second to 30 s, so a session taken for long is not written at in a loop.
+            BusyReason::AtTheWrite { times, .. } => {
+                soon((500_u64 << (*times).saturating_sub(1).min(6)).min(30_000))
+            }
         },
         Delivery::Held(_) | Delivery::Unavailable(_) => backoff(5_000, 60_000),
         Delivery::Sending(_) | Delivery::Failed(_) => deadline,
@@ -742,11 +763,7 @@ fn in_transaction<'a>(
         };
         Ok(match effect {
             Effect::Reserve if !ctx.policy.planted(model::PlantedBug::ReserveAfterWrite) => {
-                Some(EventKind::Reservation {
-                    earlier_active: tx
-                        .active_for(target.agent.as_str(), id)?
-                        .map(model::MessageId::new),
-                })
+                Some(reservation(tx, id)?)
             }
             Effect::CheckActivity => {
                 quiet()?.map(|activity| EventKind::ActivityObserved { activity })
@@ -812,7 +829,6 @@ async fn deliver(
     let record = started.record;
     // The record as last committed, for the planted reordering below.
     let mut current = record.clone();
-    let recipient = record.core().target().agent.as_str().to_owned();
     let adapters = &ctx.adapters;
     // The recipient as registered when the last step was committed.
     let mut registered = started.agent;
@@ -847,21 +863,14 @@ async fn deliver(
             Effect::Reserve if ctx.policy.planted(model::PlantedBug::ReserveAfterWrite) => {
                 planted_reserve_after_write(ctx, svc, id, &current, &agent, report).await?
             }
-            Effect::Reserve => {
-                let rcpt = recipient.clone();
-                apply_all(
-                    ctx,
-                    svc,
-                    id,
-                    report,
-                    |tx| {
-                        Ok(vec![EventKind::Reservation {
-                            earlier_active: tx.active_for(&rcpt, id)?.map(model::MessageId::new),
-                        }])
-                    },
-                    &mut in_transaction(ctx, id),
-                )?
-            }
+            Effect::Reserve => apply_all(
+                ctx,
+                svc,
+                id,
+                report,
+                |tx| Ok(vec![reservation(tx, id)?]),
+                &mut in_transaction(ctx, id),
+            )?,
             Effect::Prepare => {
                 if let Err(e) = adapters.prepare(&agent) {
                     report.errors.push(format!("{id}: prepare: {e}"));
@@ -949,6 +958,18 @@ async fn begin_pass(
         id,
         report,
         |tx| {
+            // A delivery of a cancelled chain that is waiting again (its marked turn was
+            // turned away busy, refused, or failed with a resend planned) is cancelled too.
+            if tx
+                .chain_of_message(id)?
+                .is_some_and(|c| !c.rules().may_write(&ctx.policy))
+                && tx
+                    .delivery(id)?
+                    .is_some_and(|d| !d.record.is_settled() && !d.record.is_active())
+            {
+                let note = Some("its chain was cancelled".to_owned());
+                return Ok(vec![EventKind::Release { note }]);
+            }
             let mut facts = facts(tx, id, ctx.one_shot)?;
             facts.outage.clone_from(&outage);
             Ok(vec![EventKind::TimePassed, EventKind::PassStarted(facts)])
@@ -1009,22 +1030,19 @@ async fn planted_reserve_after_write(
     agent: &AgentRow,
     report: &mut PassReport,
 ) -> Result<Applied, ServiceError> {
-    let recipient = current.core().target().agent.as_str().to_owned();
-    let earlier_active = svc
+    let reservation = svc
         .borrow_mut()
         .store_mut()
-        .read(|tx| tx.active_for(&recipient, id))?
-        .map(model::MessageId::new);
-    let reservation = EventKind::Reservation {
-        earlier_active: earlier_active.clone(),
-    };
+        .read(|tx| reservation(tx, id))?;
     let now = svc.borrow().now();
-    let reserved = model::step(current.clone(), Event::new(now, reservation), &ctx.policy);
+    let reserved = model::step(
+        current.clone(),
+        Event::new(now, reservation.clone()),
+        &ctx.policy,
+    );
     if !reserved.effects.contains(&Effect::Prepare) {
         // The reservation is refused (an earlier delivery is active): as usual.
-        return apply(ctx, svc, id, report, |_| {
-            Ok(EventKind::Reservation { earlier_active })
-        });
+        return apply(ctx, svc, id, report, |_| Ok(reservation));
     }
     let activity = ctx.adapters.activity(svc, agent).await;
     let facts = svc
@@ -1048,14 +1066,10 @@ async fn planted_reserve_after_write(
     });
     let Some(request_id) = write else {
         // No write at the boundary: nothing to reorder.
-        return apply(ctx, svc, id, report, |_| {
-            Ok(EventKind::Reservation { earlier_active })
-        });
+        return apply(ctx, svc, id, report, |_| Ok(reservation));
     };
     let outcome = write_now(ctx, svc, id, agent, request_id.as_str(), report).await?;
-    apply(ctx, svc, id, report, |_| {
-        Ok(EventKind::Reservation { earlier_active })
-    })?;
+    apply(ctx, svc, id, report, |_| Ok(reservation))?;
     apply(ctx, svc, id, report, |_| Ok(boundary))?;
     apply(ctx, svc, id, report, |_| {
         Ok(EventKind::WriteResult { outcome })

@@ -99,3 +99,51 @@ impl Changes {
         self.rx.clone()
     }
 }
+
+/// Waits until `look` finds something (`Some`), `deadline` passes (`None`), or `stop`
+/// finishes (`None`). `look` runs at once, then after each change to the database's files
+/// (and once more shortly after, since a commit becomes visible just after the write that
+/// raised the event), else every 2 s (a file system that sends no events). The one wait of
+/// every front (MCP `wait_for_messages`, `handoffs wait`).
+pub async fn wait_until<T, E>(
+    mut look: impl FnMut() -> Result<Option<T>, E>,
+    mut rx: Option<watch::Receiver<u64>>,
+    deadline: tokio::time::Instant,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<Option<T>, E> {
+    tokio::pin!(stop);
+    let mut recheck: Option<tokio::time::Instant> = None;
+    loop {
+        if let Some(found) = look()? {
+            return Ok(Some(found));
+        }
+        let now = tokio::time::Instant::now();
+        let next = recheck
+            .take()
+            .filter(|r| *r > now)
+            .unwrap_or(now + std::time::Duration::from_secs(2))
+            .min(deadline);
+        tokio::select! {
+            biased;
+            () = &mut stop => return Ok(None),
+            () = tokio::time::sleep_until(deadline) => return Ok(None),
+            changed = async {
+                match rx.as_mut() {
+                    Some(r) => r.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            } => {
+                if !changed {
+                    rx = None;
+                }
+                // Let a burst of writes (one commit) settle into one look.
+                tokio::time::sleep(std::time::Duration::from_millis(15)).await;
+                if let Some(r) = rx.as_mut() {
+                    r.borrow_and_update();
+                }
+                recheck = Some(tokio::time::Instant::now() + std::time::Duration::from_millis(60));
+            }
+            () = tokio::time::sleep_until(next) => {}
+        }
+    }
+}

@@ -2,7 +2,18 @@
 
 use super::{Millis, Result, Service, ServiceError, Value, json, millis, usage};
 
-const CONFIG_KEYS: [&str; 4] = ["enabled", "enabledAfter", "connections", "outageGuard"];
+const CONFIG_KEYS: [&str; 6] = [
+    "enabled",
+    "enabledAfter",
+    "connections",
+    "outageGuard",
+    "chainHopBudget",
+    "chainDepthLimit",
+];
+
+/// A new chain's hop budget and depth limit unless configured (SPEC §8.2).
+pub const HOP_BUDGET_DEFAULT: i64 = 16;
+pub const DEPTH_LIMIT_DEFAULT: i64 = 8;
 
 fn check_config_key(key: &str) -> Result<()> {
     if CONFIG_KEYS.contains(&key) {
@@ -20,6 +31,8 @@ fn config_default(key: &str) -> Value {
         "enabled" => json!(true),
         "enabledAfter" => json!(0),
         "connections" => json!("open"),
+        "chainHopBudget" => json!(HOP_BUDGET_DEFAULT),
+        "chainDepthLimit" => json!(DEPTH_LIMIT_DEFAULT),
         _ => Value::Null,
     }
 }
@@ -55,6 +68,19 @@ fn parse_config_value(key: &str, raw: &str, now: Millis) -> Result<Value> {
             "open" | "explicit" => Ok(json!(raw)),
             _ => usage("connections takes open or explicit"),
         },
+        "chainHopBudget" | "chainDepthLimit" => {
+            let max = if key == "chainHopBudget" {
+                super::chains::HOP_BUDGET_MAX
+            } else {
+                super::chains::DEPTH_LIMIT_MAX
+            };
+            raw.trim()
+                .parse::<i64>()
+                .ok()
+                .filter(|n| (0..=max).contains(n))
+                .map(|n| json!(n))
+                .ok_or_else(|| ServiceError::Usage(format!("{key} takes a number from 0 to {max}")))
+        }
         "outageGuard" => {
             let v: Value = serde_json::from_str(raw)
                 .map_err(|e| ServiceError::Usage(format!("outageGuard takes JSON: {e}")))?;

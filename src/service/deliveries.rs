@@ -61,86 +61,9 @@ impl Service {
         schedule: Schedule<'_>,
     ) -> Result<Committed> {
         let now = self.now();
-        let mut by_person = false;
-        let mut moves = Vec::new();
-        let committed = self.store.write(|tx| -> Result<Committed> {
-            let row = tx
-                .delivery(id)?
-                .ok_or_else(|| ServiceError::NotFound(format!("no delivery {id}")))?;
-            let mut record = row.record.clone();
-            let mut effects = std::collections::VecDeque::new();
-            let mut change: Option<Change> = None;
-            let mut lines: Vec<(&str, String)> = Vec::new();
-            let mut pending: std::collections::VecDeque<EventKind> = events(tx)?.into();
-            loop {
-                let kind = match pending.pop_front() {
-                    Some(kind) => kind,
-                    None => match effects.front() {
-                        Some(effect) => match follow(tx, &record, effect)? {
-                            Some(kind) => {
-                                effects.pop_front();
-                                kind
-                            }
-                            None => break,
-                        },
-                        None => break,
-                    },
-                };
-                by_person |= matches!(kind, EventKind::Release { .. });
-                let note_before = record.core().note().map(str::to_owned);
-                let step = model::step(record, Event::new(now, kind), policy);
-                effects.extend(step.effects);
-                record = step.record;
-                change = Some(merge(change, step.change.clone()));
-                if let Change::Moved { from, to } = step.change {
-                    moves.push((from, to, record.detail()));
-                }
-                if by_person {
-                    if matches!(step.change, Change::Moved { .. } | Change::Updated) {
-                        lines.push(("release", record.detail()));
-                    }
-                } else if let Change::Moved { from, to } = step.change {
-                    lines.push(("state", format!("{from} → {to}: {}", record.detail())));
-                } else if step.change == Change::Updated
-                    && record.core().note() != note_before.as_deref()
-                    && record.core().note().is_some()
-                {
-                    lines.push(("note", record.detail()));
-                }
-            }
-            let change = change.unwrap_or(Change::Unchanged);
-            let agent = tx.agent(&row.recipient)?;
-            if matches!(change, Change::Ignored { .. } | Change::Unchanged) {
-                moves.clear();
-                return Ok(Committed {
-                    record,
-                    effects: effects.into(),
-                    agent,
-                    change,
-                });
-            }
-            // The recipient's queue moves up when, all steps taken together, this delivery
-            // stopped holding the recipient or left the queue for good (a reservation that
-            // timed out within the same transaction frees nothing).
-            let (was, is) = (row.record.kind().class(), record.kind().class());
-            let freed = !record.is_active()
-                && (was == model::Class::Active
-                    || (is == model::Class::Terminal && was != model::Class::Terminal));
-            let due = schedule(&change, &record, agent.as_ref(), now);
-            tx.save_delivery(id, &record, due, millis(now))?;
-            for (kind, text) in &lines {
-                tx.event(millis(now), Some(id), kind, text)?;
-            }
-            if freed || by_person {
-                tx.wake_queue(&row.recipient, millis(now), QUEUE_HEADS)?;
-            }
-            Ok(Committed {
-                record,
-                effects: effects.into(),
-                agent,
-                change,
-            })
-        })?;
+        let (committed, by_person, moves) = self
+            .store
+            .write(|tx| steps_in(tx, id, policy, events, follow, schedule, now))?;
         // Said once it is committed: a step rolled back never shows as a move.
         if by_person {
             tracing::info!(
@@ -173,4 +96,111 @@ fn merge(before: Option<Change>, next: Change) -> Change {
         (Some(Change::Updated), _) | (_, Change::Updated) => Change::Updated,
         (_, next) => next,
     }
+}
+
+/// The body of [`Service::commit_steps`] inside a transaction the caller holds (a chain's
+/// cancel steps each of its deliveries in one): what was committed, whether a person's
+/// release was among the steps, and the moves to log once the caller's transaction commits.
+#[allow(clippy::type_complexity)]
+pub(super) fn steps_in(
+    tx: &Tx<'_>,
+    id: &str,
+    policy: &Policy,
+    events: impl FnOnce(&Tx<'_>) -> Result<Vec<EventKind>>,
+    follow: Follow<'_>,
+    schedule: Schedule<'_>,
+    now: Millis,
+) -> Result<(
+    Committed,
+    bool,
+    Vec<(model::StateKind, model::StateKind, String)>,
+)> {
+    let mut by_person = false;
+    let mut moves = Vec::new();
+    let row = tx
+        .delivery(id)?
+        .ok_or_else(|| ServiceError::NotFound(format!("no delivery {id}")))?;
+    let mut record = row.record.clone();
+    let mut effects = std::collections::VecDeque::new();
+    let mut change: Option<Change> = None;
+    let mut lines: Vec<(&str, String)> = Vec::new();
+    let mut pending: std::collections::VecDeque<EventKind> = events(tx)?.into();
+    loop {
+        let kind = match pending.pop_front() {
+            Some(kind) => kind,
+            None => match effects.front() {
+                Some(effect) => match follow(tx, &record, effect)? {
+                    Some(kind) => {
+                        effects.pop_front();
+                        kind
+                    }
+                    None => break,
+                },
+                None => break,
+            },
+        };
+        by_person |= matches!(kind, EventKind::Release { .. });
+        let note_before = record.core().note().map(str::to_owned);
+        let step = model::step(record, Event::new(now, kind), policy);
+        effects.extend(step.effects);
+        record = step.record;
+        change = Some(merge(change, step.change.clone()));
+        if let Change::Moved { from, to } = step.change {
+            moves.push((from, to, record.detail()));
+        }
+        if by_person {
+            if matches!(step.change, Change::Moved { .. } | Change::Updated) {
+                lines.push(("release", record.detail()));
+            }
+        } else if let Change::Moved { from, to } = step.change {
+            lines.push(("state", format!("{from} → {to}: {}", record.detail())));
+        } else if step.change == Change::Updated
+            && record.core().note() != note_before.as_deref()
+            && record.core().note().is_some()
+        {
+            lines.push(("note", record.detail()));
+        }
+    }
+    let change = change.unwrap_or(Change::Unchanged);
+    let agent = tx.agent(&row.recipient)?;
+    if matches!(change, Change::Ignored { .. } | Change::Unchanged) {
+        moves.clear();
+        let committed = Committed {
+            record,
+            effects: effects.into(),
+            agent,
+            change,
+        };
+        return Ok((committed, by_person, moves));
+    }
+    // The recipient's queue moves up when, all steps taken together, this delivery
+    // stopped holding the recipient or left the queue for good (a reservation that
+    // timed out within the same transaction frees nothing).
+    let (was, is) = (row.record.kind().class(), record.kind().class());
+    // A write turned away busy frees nobody: the recipient's session is busy, and waking its
+    // queue would write at it again at once instead of on the backoff.
+    let turned_away = matches!(
+        &record,
+        Delivery::Busy(b) if matches!(b.reason(), model::states::BusyReason::AtTheWrite { .. })
+    );
+    let freed = !record.is_active()
+        && !turned_away
+        && (was == model::Class::Active
+            || (is == model::Class::Terminal && was != model::Class::Terminal));
+    let due = schedule(&change, &record, agent.as_ref(), now);
+    tx.save_delivery(id, &record, due, millis(now))?;
+    super::dead::on_step(tx, id, &row.record, &record, millis(now))?;
+    for (kind, text) in &lines {
+        tx.event(millis(now), Some(id), kind, text)?;
+    }
+    if freed || by_person {
+        tx.wake_queue(&row.recipient, millis(now), QUEUE_HEADS)?;
+    }
+    let committed = Committed {
+        record,
+        effects: effects.into(),
+        agent,
+        change,
+    };
+    Ok((committed, by_person, moves))
 }

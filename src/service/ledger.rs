@@ -9,6 +9,8 @@
 //! token stops working (the fence), so a holder that wakes up late cannot write over whoever
 //! claimed next.
 
+use model::Policy;
+use model::chain::{Amount, Budget};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use serde::Serialize;
 use serde_json::Value;
@@ -711,7 +713,12 @@ impl Ledger {
             let files = merge_files(&t.changed_files, changed_files);
             tx.execute("DELETE FROM leases WHERE workspace = ?1", [WORKSPACE])
                 .map_err(db_err)?;
-            let spent = t.handoffs_used >= t.handoff_cap;
+            let spent = handoff_budget(&t)
+                .spend(
+                    &[(HANDOFFS.to_owned(), Amount::whole(1))],
+                    &Policy::default(),
+                )
+                .is_err();
             let state = if spent { "needs_human" } else { "queued" };
             tx.execute(
                 "UPDATE tasks SET state = ?2, summary = ?3, next_action = ?4, changed_files = ?5,
@@ -830,7 +837,9 @@ impl Ledger {
                 ));
             }
             // A spent budget restarts from what was used, so `add` is what is left after.
-            let cap = t.handoffs_used.max(t.handoff_cap) + add;
+            let mut budget = handoff_budget(&t);
+            budget.add(HANDOFFS, Amount::whole(add));
+            let cap = budget.limit(HANDOFFS).map_or(add, Amount::whole_units);
             let new_target = match target {
                 None => t.target_agent.clone(),
                 Some("") => None,
@@ -976,6 +985,19 @@ fn check_files(files: &[String]) -> Result<()> {
 fn merge_files(old: &[String], new: &[String]) -> String {
     let set: BTreeSet<&str> = old.iter().chain(new).map(String::as_str).collect();
     Value::from(set.into_iter().collect::<Vec<_>>()).to_string()
+}
+
+/// The unit of a task's budget.
+const HANDOFFS: &str = "handoffs";
+
+/// A task's handoff budget as a budget of one unit: the ledger's budget and a chain's are
+/// one mechanism (SPEC §8.1, §8.2), spent and lifted by the same rules.
+fn handoff_budget(t: &Task) -> Budget {
+    let mut b = Budget::limited([(HANDOFFS, Amount::whole(t.handoff_cap))]);
+    if let Some(line) = b.lines.get_mut(HANDOFFS) {
+        line.spent = Amount::whole(t.handoffs_used);
+    }
+    b
 }
 
 #[cfg(test)]

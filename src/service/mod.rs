@@ -5,8 +5,10 @@
 
 pub mod agents;
 pub mod card;
+pub mod chains;
 pub mod changes;
 pub mod config;
+pub mod dead;
 pub mod deliveries;
 pub mod ledger;
 pub mod messages;
@@ -15,9 +17,11 @@ pub mod tasks;
 pub mod work;
 
 pub use crate::store::{
-    AgentRow, DeliveryRow, EventRow, IdTable, MessageRow, StoreError, WorkRow, token_path,
+    AgentRow, ChainRow, DeadLetterRow, DeliveryRow, EventRow, IdTable, MessageRow, StoreError,
+    WorkRow, token_path,
 };
 pub use agents::AgentAdded;
+pub use chains::{ChainView, Lineage};
 pub use changes::Changes;
 pub use messages::Sent;
 pub use status::{EngineHealth, Overview, Unenrolled};
@@ -75,6 +79,8 @@ pub type Clock = Arc<dyn Fn() -> Millis + Send + Sync>;
 pub struct Service {
     store: Store,
     clock: Clock,
+    /// The rules this service decides by (only its planted bug is read, in test builds).
+    policy: model::Policy,
 }
 
 impl std::fmt::Debug for Service {
@@ -190,6 +196,10 @@ fn connection_allowed(tx: &Tx<'_>, from: &str, to: &str) -> Result<bool, StoreEr
 /// Whether `work` is still open (not returned, blocked or closed); a plain message is open
 /// until its recipient reads it.
 pub fn work_open(tx: &Tx<'_>, message: &MessageRow) -> Result<bool, StoreError> {
+    // A cancelled chain's work is closed: nothing of it is resent.
+    if tx.in_cancelled_chain(&message.id)? {
+        return Ok(false);
+    }
     match &message.work_id {
         Some(work_id) if message.kind == "work" => {
             Ok(tx.work(work_id)?.is_some_and(|w| w.state.is_open()))
@@ -228,7 +238,20 @@ pub fn enrol(
     } else {
         None
     };
-    let record = model::enrol(core, duplicate_of);
+    let mut record = model::enrol(core, duplicate_of);
+    // Enrolled late (after `enabledAfter` moved back) in a chain cancelled meanwhile: it is
+    // cancelled with its chain, never written.
+    if tx.in_cancelled_chain(&message.id)? {
+        let release = EventKind::Release {
+            note: Some("its chain was cancelled".to_owned()),
+        };
+        record = model::step(
+            record,
+            model::Event::new(now, release),
+            &model::Policy::default(),
+        )
+        .record;
+    }
     let state = record.kind();
     let due = (state == StateKind::Waiting).then_some(millis(now));
     tx.insert_delivery(
@@ -318,7 +341,22 @@ impl Service {
     }
 
     pub fn with_clock(store: Store, clock: Clock) -> Service {
-        Service { store, clock }
+        Service {
+            store,
+            clock,
+            policy: model::Policy::default(),
+        }
+    }
+
+    /// Decides by `policy` where the service decides by rules (test builds plant bugs here).
+    #[must_use]
+    pub fn with_policy(mut self, policy: model::Policy) -> Service {
+        self.policy = policy;
+        self
+    }
+
+    pub fn set_policy(&mut self, policy: model::Policy) {
+        self.policy = policy;
     }
 
     pub fn now(&self) -> Millis {

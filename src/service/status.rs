@@ -3,7 +3,7 @@
 //! under one liveness rule ([`engine_health`]). Fronts render these; they decide nothing.
 
 use super::{DeliveryView, Result, Service, enabled_after};
-use crate::store::{StoreError, WorkRow, millis};
+use crate::store::{ChainRow, StoreError, WorkRow, millis};
 use model::StateKind;
 use serde::Serialize;
 use serde_json::Value;
@@ -143,8 +143,19 @@ pub struct AgentState {
 #[derive(Clone, Debug, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Attention {
-    Delivery { view: DeliveryView, reason: String },
-    Overdue { work: WorkRow, reason: String },
+    Delivery {
+        view: DeliveryView,
+        reason: String,
+    },
+    Overdue {
+        work: WorkRow,
+        reason: String,
+    },
+    /// A chain stopped by its hop budget or depth limit (SPEC §8.2).
+    Chain {
+        chain: ChainRow,
+        reason: String,
+    },
 }
 
 /// Totals over everything, not just the listed newest.
@@ -191,6 +202,9 @@ pub struct Board {
     /// Each listed delivery's message, on one line (by message id).
     pub previews: HashMap<String, String>,
     pub last_event_seq: i64,
+    /// Open dead letters by reason, and the newest of them.
+    pub dead_counts: Vec<(String, i64)>,
+    pub dead_letters: Vec<crate::store::DeadLetterRow>,
 }
 
 /// Why a person should look at a delivery, in plain words.
@@ -297,6 +311,9 @@ impl Service {
             let unreachable = tx.count_by_recipient(&[Unavailable])?;
             let held = tx.count_by_recipient(&[Held])?;
             let (open_total, overdue_total, open_by_agent) = tx.work_counts(now)?;
+            let (stopped, stopped_total) = tx.stopped_chains(20)?;
+            let dead_counts = tx.dead_letter_counts()?;
+            let dead_letters = tx.dead_letters(false, 20)?;
             let open_work = tx.newest_open_work(None, 100)?;
             // Every piece of work: the metrics' histograms count all of it (so they only
             // grow), the page's chart shows the newest.
@@ -352,6 +369,26 @@ impl Service {
                 reason: overdue_reason(w, now),
                 work: w.clone(),
             }));
+            attention.extend(stopped.into_iter().map(|c| {
+                let why = c.stopped_reason.as_deref().unwrap_or("stopped");
+                let add = if why.starts_with("depth") {
+                    "depth"
+                } else {
+                    "hops"
+                };
+                Attention::Chain {
+                    reason: format!(
+                        "Chain {} from {} stopped: {why}. Nothing more is sent in it until you \
+                         look (`handoffs chain show {}`; `handoffs chain resume {} --add {add}=N` \
+                         lifts it).",
+                        crate::text::short(&c.id),
+                        c.origin,
+                        crate::text::short(&c.id),
+                        crate::text::short(&c.id),
+                    ),
+                    chain: c,
+                }
+            }));
             let mut timings = Timings::default();
             // Oldest first, so the newest samples are last.
             for (sent, accepted, returned) in work_times.iter().rev() {
@@ -373,7 +410,8 @@ impl Service {
             let totals = Totals {
                 in_flight: count_of(&[Waiting, Busy, Sending, Accepted, Running]),
                 needs_attention: count_of(&[Uncertain, Unavailable, Held, OwnerRejected])
-                    + overdue_total,
+                    + overdue_total
+                    + stopped_total,
                 open_work: open_total,
                 overdue: overdue_total,
                 attempts,
@@ -396,6 +434,8 @@ impl Service {
                 previews,
                 last_event_seq,
                 overview,
+                dead_counts,
+                dead_letters,
             })
         })
     }

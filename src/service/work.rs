@@ -37,17 +37,29 @@ impl Outcome {
     }
 }
 
-/// A new message about work `w` (a return, a reminder), from→to, with a fresh id.
+/// A new message about work `w` (a return, a reminder), from→to, with a fresh id, in the
+/// chain of the work's own message `of` (one hop below it; it spends no hop of the chain's
+/// budget: it closes work, it does not continue it).
 pub fn work_message(
     w: &WorkRow,
+    of: Option<&MessageRow>,
     (from, to): (&str, &str),
     body: String,
     (intent, kind): (&str, &str),
     title: String,
     now: Millis,
 ) -> MessageRow {
+    let id = crate::clock::new_id();
+    let (chain_id, parent_id, hop) = match of {
+        Some(m) if !m.chain_id.is_empty() => (m.chain_id.clone(), Some(m.id.clone()), m.hop + 1),
+        Some(m) => (m.id.clone(), Some(m.id.clone()), m.hop + 1),
+        None => (id.clone(), None, 0),
+    };
     MessageRow {
-        id: crate::clock::new_id(),
+        chain_id,
+        parent_id,
+        hop,
+        id,
         sender: from.to_owned(),
         recipient: to.to_owned(),
         body_hash: body_hash(&body),
@@ -120,9 +132,19 @@ impl Service {
         let id = self.resolve(IdTable::Messages, id)?;
         let now = self.now();
         self.store.write(|tx| {
-            let (_, mut w) = Self::work_for(tx, &id)?;
+            let (work_msg, mut w) = Self::work_for(tx, &id)?;
             if w.recipient != actor {
                 return refused(format!("only {} can return this work", w.recipient));
+            }
+            if w.state == WorkState::Closed
+                && w.outcome.as_deref() == Some(super::chains::CANCELLED)
+            {
+                if w.summary.is_some() {
+                    return refused("the work was already returned late; its chain was cancelled");
+                }
+                // Its chain was cancelled while the turn ran: the return is recorded, late,
+                // and told to the sender (never a turn).
+                return late_return(tx, &work_msg, w, actor, (summary, evidence), blocked, now);
             }
             if !w.state.is_open() {
                 return refused(format!("the work was already {}", w.state));
@@ -143,6 +165,7 @@ impl Service {
             }
             let ret = work_message(
                 &w,
+                Some(&work_msg),
                 (actor, &w.sender),
                 body,
                 ("handoff", "return"),
@@ -212,4 +235,46 @@ impl Service {
     pub fn open_work(&mut self, limit: i64) -> Result<Vec<WorkRow>> {
         self.store.read(|tx| Ok(tx.open_work(limit)?))
     }
+}
+
+/// A return of work whose chain was cancelled while its turn ran: the summary is kept on
+/// the closed work, and the sender gets it as a notification (never a turn).
+fn late_return(
+    tx: &crate::store::Tx<'_>,
+    work_msg: &MessageRow,
+    mut w: WorkRow,
+    actor: &str,
+    (summary, evidence): (&str, Option<&str>),
+    blocked: bool,
+    now: Millis,
+) -> Result<(WorkRow, MessageRow)> {
+    w.summary = Some(summary.to_owned());
+    w.evidence = evidence.map(str::to_owned);
+    w.updated_at = millis(now);
+    tx.update_work(&w)?;
+    let verb = if blocked { "blocked" } else { "returned" };
+    let mut body = format!(
+        "Work {verb} late (its chain was cancelled while the turn ran): {}\n\n{summary}",
+        w.title
+    );
+    if let Some(e) = evidence {
+        body.push_str(&format!("\n\nEvidence: {e}"));
+    }
+    let ret = work_message(
+        &w,
+        Some(work_msg),
+        (actor, &w.sender),
+        body,
+        ("notification", "return"),
+        format!("{verb} late: {}", w.title),
+        now,
+    );
+    tx.insert_message(&ret)?;
+    tx.event(
+        millis(now),
+        Some(&w.id),
+        "work",
+        &format!("{verb} late by {actor}: its chain was cancelled"),
+    )?;
+    Ok((w, ret))
 }

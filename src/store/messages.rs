@@ -19,6 +19,12 @@ pub struct MessageRow {
     pub idem_key: Option<String>,
     pub created_at: i64,
     pub read_at: Option<i64>,
+    /// Its chain (SPEC §8.2): the id of the chain's first message.
+    pub chain_id: String,
+    /// The message whose turn sent it (`None` for a chain's first message).
+    pub parent_id: Option<String>,
+    /// Its depth in the chain (0 for the first message).
+    pub hop: i64,
 }
 
 pub(super) fn message_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<MessageRow> {
@@ -35,18 +41,21 @@ pub(super) fn message_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<MessageRow
         idem_key: r.get(9)?,
         created_at: r.get(10)?,
         read_at: r.get(11)?,
+        chain_id: r.get::<_, Option<String>>(12)?.unwrap_or_default(),
+        parent_id: r.get(13)?,
+        hop: r.get(14)?,
     })
 }
 
-pub(super) const MESSAGE_COLS: &str = "id, sender, recipient, body, body_hash, intent, kind, title, work_id, idem_key, created_at, read_at";
+pub(super) const MESSAGE_COLS: &str = "id, sender, recipient, body, body_hash, intent, kind, title, work_id, idem_key, created_at, read_at, chain_id, parent_id, hop";
 
 impl Tx<'_> {
     pub fn insert_message(&self, m: &MessageRow) -> Result<()> {
         self.exec(
-            &format!("INSERT INTO messages ({MESSAGE_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"),
+            &format!("INSERT INTO messages ({MESSAGE_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"),
             params![
                 m.id, m.sender, m.recipient, m.body, m.body_hash, m.intent, m.kind, m.title,
-                m.work_id, m.idem_key, m.created_at, m.read_at
+                m.work_id, m.idem_key, m.created_at, m.read_at, m.chain_id, m.parent_id, m.hop
             ],
         )?;
         Ok(())

@@ -3,10 +3,10 @@
 //! does not yet build against rusqlite 0.43, and this is twenty lines.
 
 /// The schema version this build writes.
-pub const LATEST: i64 = 7;
+pub const LATEST: i64 = 9;
 
 /// `STEPS[i]` migrates from version `i` to `i + 1`.
-pub const STEPS: [&str; 7] = [
+pub const STEPS: [&str; 9] = [
     r"
 CREATE TABLE agents (
     id TEXT PRIMARY KEY,
@@ -150,5 +150,12 @@ CREATE INDEX deliveries_recipient_due ON deliveries (recipient, due_at)
     // and the number of deliveries per state in `delivery_counts` (kept by triggers, whatever
     // writes a row), and the newest deliveries of a state straight from an index.
     // Done by `Store::migrate` (`migrate_7`): each change only where it is missing.
+    "",
+    // 7 → 8: chains (SPEC §8.2): each message's chain, parent and hop; each chain's budget,
+    // depth limit and state. Done by `Store::migrate` (`migrate_8`).
+    "",
+    // 8 → 9: a chain's caller-defined budget units (SPEC §8.2), as JSON: unit → {limit,
+    // spent} in millionths of the unit; and each spend, by the turn (message) that made it.
+    // Done by `Store::migrate` (`migrate_9`): each change only where it is missing.
     "",
 ];

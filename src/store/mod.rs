@@ -15,7 +15,9 @@ macro_rules! queued {
 }
 
 mod agents;
+mod chains;
 mod config;
+mod dead;
 mod deliveries;
 mod events;
 mod messages;
@@ -25,6 +27,8 @@ mod work;
 
 pub use agents::AgentRow;
 use agents::route_of;
+pub use chains::{ChainRow, ChainState};
+pub use dead::DeadLetterRow;
 pub use deliveries::{DeliveryRow, QUEUE_HEADS};
 pub use events::EventRow;
 pub use messages::MessageRow;
@@ -340,6 +344,12 @@ impl Store {
                 if target == 7 {
                     migrate_7(&tx)?;
                 }
+                if target == 8 {
+                    migrate_8(&tx)?;
+                }
+                if target == 9 {
+                    migrate_9(&tx)?;
+                }
             }
         }
         tx.execute_batch(&format!(
@@ -575,6 +585,88 @@ BEGIN
 END;
 DROP INDEX IF EXISTS deliveries_state;
 CREATE INDEX deliveries_state ON deliveries (state, updated_at, seq);",
+    )?;
+    Ok(())
+}
+
+/// Schema 8: chains (SPEC §8.2). Each message's `chain_id`, `parent_id` and `hop` (a message
+/// from before is a chain of its own, hop 0), and a `chains` row per chain that has one (made
+/// when a chain starts, or when an older one is first continued). Each change only where it
+/// is missing.
+fn migrate_8(tx: &rusqlite::Transaction<'_>) -> Result<()> {
+    for (column, kind) in [
+        ("chain_id", "TEXT"),
+        ("parent_id", "TEXT"),
+        ("hop", "INTEGER NOT NULL DEFAULT 0"),
+    ] {
+        let present: bool = tx.query_row(
+            "SELECT count(*) > 0 FROM pragma_table_info('messages') WHERE name = ?1",
+            [column],
+            |r| r.get(0),
+        )?;
+        if !present {
+            tx.execute_batch(&format!("ALTER TABLE messages ADD COLUMN {column} {kind};"))?;
+        }
+    }
+    tx.execute_batch(
+        r"UPDATE messages SET chain_id = id WHERE chain_id IS NULL;
+CREATE INDEX IF NOT EXISTS messages_chain ON messages (chain_id, seq);
+CREATE TABLE IF NOT EXISTS chains (
+    id TEXT PRIMARY KEY,
+    origin TEXT NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('open', 'needs_human', 'cancelled')),
+    hop_budget INTEGER NOT NULL,
+    hops INTEGER NOT NULL DEFAULT 0,
+    depth_limit INTEGER NOT NULL,
+    stopped_reason TEXT,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS chains_state ON chains (state, updated_at);
+CREATE TABLE IF NOT EXISTS dead_letters (
+    id TEXT PRIMARY KEY,
+    message_id TEXT,
+    sender TEXT NOT NULL,
+    recipient TEXT NOT NULL,
+    body TEXT NOT NULL,
+    title TEXT,
+    reason TEXT NOT NULL CHECK (reason IN ('unknown_recipient', 'topology', 'failed',
+        'destination_changed', 'chain_stopped')),
+    detail TEXT NOT NULL,
+    chain_id TEXT,
+    parent_id TEXT,
+    created_at INTEGER NOT NULL,
+    replayed_as TEXT,
+    replayed_at INTEGER,
+    dropped_at INTEGER
+);
+CREATE INDEX IF NOT EXISTS dead_letters_message ON dead_letters (message_id);
+CREATE INDEX IF NOT EXISTS dead_letters_new ON dead_letters (created_at);",
+    )?;
+    Ok(())
+}
+
+/// Schema 9: a chain's budget units and each spend, each only where it is missing.
+fn migrate_9(tx: &rusqlite::Transaction<'_>) -> Result<()> {
+    let present: bool = tx.query_row(
+        "SELECT count(*) > 0 FROM pragma_table_info('chains') WHERE name = 'units'",
+        [],
+        |r| r.get(0),
+    )?;
+    if !present {
+        tx.execute_batch("ALTER TABLE chains ADD COLUMN units TEXT NOT NULL DEFAULT '{}';")?;
+    }
+    tx.execute_batch(
+        r"CREATE TABLE IF NOT EXISTS chain_spends (
+    seq INTEGER PRIMARY KEY,
+    chain_id TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    agent TEXT NOT NULL,
+    unit TEXT NOT NULL,
+    amount INTEGER NOT NULL,
+    created_at INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS chain_spends_chain ON chain_spends (chain_id, message_id);",
     )?;
     Ok(())
 }

@@ -118,10 +118,11 @@ impl Tx<'_> {
             .optional()?)
     }
 
-    /// Forgets a refused run (it never ran), so a retry with the same request id can run.
+    /// Forgets a refused or held run (it never ran), so a retry with the same request id can
+    /// run.
     pub fn forget_refused_run(&self, request_id: &str) -> Result<()> {
         self.exec(
-            "DELETE FROM runs WHERE request_id = ?1 AND outcome = 'refused'",
+            "DELETE FROM runs WHERE request_id = ?1 AND outcome IN ('refused', 'held')",
             [request_id],
         )?;
         Ok(())

@@ -366,6 +366,29 @@ fn healing_two_recipients(policy: Policy) -> World {
     )
 }
 
+/// Two handoffs to one recipient whose app checks its session as it writes: a person's turn
+/// takes the session between the send boundary and the write twice (each write is turned
+/// away as busy, nothing written), beside one real refusal, a lost reply and a crash. A busy recipient is
+/// waited for: no race counts as a refusal, and every delivery settles once the races stop.
+fn busy_at_the_write(policy: Policy) -> World {
+    let faults = Faults {
+        races_at_write: 2,
+        refusals: 1,
+        crashes: 1,
+        lost_replies: 1,
+        ..Faults::default()
+    };
+    healing(policy, None, vec![WORK, PLAIN], faults, || {
+        let mut props = p::safety();
+        props.push(Property::always(p::LIVENESS, p::every_delivery_settles));
+        props.push(Property::sometimes(
+            "a write turned away busy twice is then delivered",
+            p::turned_away_busy_twice_then_delivered,
+        ));
+        props
+    })
+}
+
 /// Work due half an hour after it is sent, which its recipient may return before or after
 /// that, with a crash and an errored turn (resent while the work is open): G7.
 fn deadlines(policy: Policy) -> World {
@@ -532,6 +555,28 @@ fn every_delivery_to_two_recipients_settles_once_the_faults_stop() {
         "healing, two recipients",
         healing_two_recipients(Policy::default()),
         50_556,
+    );
+}
+
+#[test]
+fn a_recipient_busy_at_the_write_is_waited_for() {
+    check_all(
+        "busy at the write",
+        busy_at_the_write(Policy::default()),
+        32_963,
+    );
+}
+
+#[test]
+fn a_busy_answer_at_the_write_taken_for_a_refusal_is_caught_by_g3() {
+    let broken = Policy {
+        planted_bug: Some(PlantedBug::BusyAtWriteRefused),
+        ..Policy::default()
+    };
+    let path = counterexample(busy_at_the_write(broken), p::G3);
+    assert!(
+        path.contains("TakenAtWrite"),
+        "a person's turn takes the session as the write arrives"
     );
 }
 

@@ -45,8 +45,28 @@ pub fn g2_one_write_per_attempt(_: &World, s: &State) -> bool {
     per_message && per_request
 }
 
-/// No write reached a busy session, and at most one delivery per recipient is active.
+/// No write reached a busy session, at most one delivery per recipient is active, and a busy
+/// recipient is waited for: a write its app turned away because the session was busy at that
+/// moment never counts as a refusal (each record's refusals are refusals the app really made,
+/// for its request id), so a race with a person's turn never ends a delivery FAILED.
 pub fn g3_never_interrupt(w: &World, s: &State) -> bool {
+    let waited_for = s.store.iter().enumerate().all(|(k, d)| {
+        d.as_ref().is_none_or(|d| {
+            let refused = s
+                .ghost
+                .writes
+                .iter()
+                .filter(|x| {
+                    x.msg as usize == k && x.refused && &x.request_id == d.core().request_id()
+                })
+                .count();
+            d.core().refusals() as usize <= refused
+        })
+    });
+    waited_for && g3_one_at_a_time(w, s)
+}
+
+fn g3_one_at_a_time(w: &World, s: &State) -> bool {
     let one_active_each = (0..w.recipient_count()).all(|r| {
         let active = s
             .store
@@ -287,6 +307,24 @@ pub fn two_recipients_active_at_once(w: &World, s: &State) -> bool {
             .any(|(d, m)| m.to == r && d.as_ref().is_some_and(Delivery::is_active))
     };
     active(0) && active(1)
+}
+
+/// A write was turned away busy twice (a person's turn took the session as it arrived), and
+/// the delivery went on to be taken as a turn.
+pub fn turned_away_busy_twice_then_delivered(_: &World, s: &State) -> bool {
+    s.ghost.turned_away_busy.len() >= 2
+        && s.store.iter().flatten().any(|d| {
+            matches!(
+                d.kind(),
+                StateKind::Returned | StateKind::Accepted | StateKind::Running
+            ) && s
+                .ghost
+                .turned_away_busy
+                .iter()
+                .filter(|r| *r == d.core().request_id())
+                .count()
+                >= 2
+        })
 }
 
 /// Overdue work reminded its sender.

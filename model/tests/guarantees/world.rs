@@ -77,6 +77,11 @@ pub struct Faults {
     pub errored_turns: u8,
     pub interrupted_turns: u8,
     pub foreign_turns: u8,
+    /// A person's turn (or another process) takes the session after the send boundary and
+    /// before the write lands, at a host that checks its session as it writes (Codex's writer
+    /// lock, Claude's session lock and registry, an HTTP app answering 423): the app turns the
+    /// write away as busy, and nothing is written.
+    pub races_at_write: u8,
     pub outages: u8,
     pub agent_downs: u8,
     pub releases: u8,
@@ -114,6 +119,9 @@ pub enum Session {
     Ours(u8),
     /// A turn someone else started (a person typing, another tool).
     Foreign,
+    /// Like `Foreign`, but it took the session while our write was on its way, at a host
+    /// that checks its session as it writes: our write is turned away as busy.
+    Taken,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -268,6 +276,9 @@ pub struct Ghost {
     pub sent_ok: Vec<bool>,
     /// Reminders the senders received.
     pub reminders: Vec<ReminderLog>,
+    /// Request ids whose write the recipient's app turned away because its session was taken
+    /// as the write arrived (nothing written).
+    pub turned_away_busy: Vec<RequestId>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -308,6 +319,8 @@ pub enum Action {
     /// Recipient `.0`'s turn ends.
     TurnEnds(u8, Option<TurnFailure>),
     ForeignTurnStarts(u8),
+    /// A person's turn takes recipient `.0`'s session while our write is on its way.
+    TakenAtWrite(u8),
     ForeignTurnEnds(u8),
     OutageStarts,
     OutageEnds,
@@ -459,7 +472,7 @@ impl World {
                     turn: Some(TurnId::new(format!("t{i}"))),
                     detail: None,
                 },
-                Session::Foreign => Activity::Busy {
+                Session::Foreign | Session::Taken => Activity::Busy {
                     turn: None,
                     detail: None,
                 },
@@ -550,7 +563,15 @@ impl World {
                         Vec::new()
                     } else {
                         let earlier_active = self.earlier_active(s, k);
-                        self.apply(s, k, EventKind::Reservation { earlier_active })
+                        let permission = Self::permission(s);
+                        self.apply(
+                            s,
+                            k,
+                            EventKind::Reservation {
+                                earlier_active,
+                                permission,
+                            },
+                        )
                     }
                 }
                 Effect::Prepare => {
@@ -659,6 +680,13 @@ impl World {
                 WriteOutcome::Refused {
                     detail: "connection refused".to_owned(),
                 }
+            }
+            // The app checks its session as it writes: taken, so nothing is written.
+            _ if s.recipients[r].session == Session::Taken => {
+                s.ghost.turned_away_busy.push(request_id);
+                return Some(WriteOutcome::Busy {
+                    detail: "a person's turn took the session".to_owned(),
+                });
             }
             Landing::Refused => {
                 s.left.refusals -= 1;
@@ -826,7 +854,7 @@ impl World {
                         actions.push(Action::TurnEnds(r8, Some(TurnFailure::Interrupted)));
                     }
                 }
-                Session::Foreign => actions.push(Action::ForeignTurnEnds(r8)),
+                Session::Foreign | Session::Taken => actions.push(Action::ForeignTurnEnds(r8)),
                 Session::Idle => {
                     // The re-check at the send boundary and the write reach the app together
                     // (each adapter checks the session as it writes), so a person's turn
@@ -837,6 +865,9 @@ impl World {
                         .any(|f| f.phase == Phase::Issued && self.to(f.msg as usize) == r);
                     if s.left.foreign_turns > 0 && !writing {
                         actions.push(Action::ForeignTurnStarts(r8));
+                    }
+                    if s.left.races_at_write > 0 && writing {
+                        actions.push(Action::TakenAtWrite(r8));
                     }
                 }
             }
@@ -978,6 +1009,7 @@ impl Model for World {
                     k,
                     EventKind::Reservation {
                         earlier_active: None,
+                        permission: Permission::Allowed,
                     },
                 );
                 let r = self.to(k);
@@ -1039,6 +1071,10 @@ impl Model for World {
             Action::ForeignTurnStarts(r) => {
                 s.left.foreign_turns -= 1;
                 s.recipients[r as usize].session = Session::Foreign;
+            }
+            Action::TakenAtWrite(r) => {
+                s.left.races_at_write -= 1;
+                s.recipients[r as usize].session = Session::Taken;
             }
             Action::ForeignTurnEnds(r) => s.recipients[r as usize].session = Session::Idle,
             Action::OutageStarts => {

@@ -366,10 +366,20 @@ fn answer_to(id: &Value, method: &str, accept: bool) -> Value {
 /// `DIR/ready` just before it writes and waits for `DIR/go`, so a test can start a person's
 /// turn in the moment between the engine's last look and the write. Elsewhere: nothing.
 async fn hold_before_write(request_id: &str) {
+    hold_at("HANDOFFS_TEST_HOLD_WRITE", request_id).await;
+}
+
+/// The same before the supervisor opens the thread or takes the Claude session
+/// (`HANDOFFS_TEST_HOLD_OPEN=DIR`), so a test can let another process take it in that moment.
+pub(crate) async fn hold_before_open(request_id: &str) {
+    hold_at("HANDOFFS_TEST_HOLD_OPEN", request_id).await;
+}
+
+async fn hold_at(var: &str, request_id: &str) {
     if !cfg!(feature = "planted-bugs") {
         return;
     }
-    let Some(dir) = std::env::var_os("HANDOFFS_TEST_HOLD_WRITE").map(PathBuf::from) else {
+    let Some(dir) = std::env::var_os(var).map(PathBuf::from) else {
         return;
     };
     let _ = std::fs::write(dir.join("ready"), request_id);
@@ -656,6 +666,7 @@ async fn talk(
     no_progress: Duration,
     written: &mut dyn FnMut(),
 ) -> (String, Option<String>) {
+    hold_before_open(request_id).await;
     let version = match open_thread(rpc, thread).await {
         Ok(v) => v,
         Err(ended) => return ended,
@@ -694,15 +705,18 @@ async fn open_thread(rpc: &mut Rpc, thread: &Thread) -> Result<String, (String, 
         )
         .await
     {
-        // Nothing was written: the thread is held elsewhere, or is not there.
-        return refused(if e.contains("active writer") {
-            format!(
-                "thread {} is open in another Codex process ({e})",
-                thread.id
-            )
-        } else {
-            format!("codex could not resume thread {}: {e}", thread.id)
-        });
+        // Nothing was written. A thread another process took since the engine's look waits
+        // (busy at the write, no refusal); a thread that is not there is refused.
+        if e.contains("active writer") {
+            return Err((
+                super::command::HELD.to_owned(),
+                Some(format!(
+                    "thread {} is open in another Codex process ({e})",
+                    thread.id
+                )),
+            ));
+        }
+        return refused(format!("codex could not resume thread {}: {e}", thread.id));
     }
     Ok(if rpc.through_daemon() {
         format!("{version} (through the Codex daemon)")
@@ -759,6 +773,15 @@ async fn queue_message(
     };
     match queued {
         Ok(r) => Ok(r["queuedSubmission"]["id"].as_str().map(str::to_owned)),
+        // Answered with an error: nothing was queued. Another process took the thread: busy
+        // at the write; anything else: a refusal.
+        Err(e) if e.starts_with(ANSWERED) && e.contains("active writer") => Err((
+            super::command::HELD.to_owned(),
+            Some(format!(
+                "thread {} is open in another Codex process ({e})",
+                thread.id
+            )),
+        )),
         Err(e) if e.starts_with(ANSWERED) => Err((
             "refused".to_owned(),
             Some(format!("codex did not queue the message: {e}")),
@@ -1552,7 +1575,7 @@ pub async fn scan(service: &RefCell<dyn Host>, agent: &AgentRow, request_id: &st
     let refused_or_none = {
         let mut s = service.borrow_mut();
         match s.runs().read(|tx| tx.run(request_id)) {
-            Ok(Some(run)) => run.outcome.as_deref() == Some("refused"),
+            Ok(Some(run)) => super::command::wrote_nothing(run.outcome.as_deref()),
             Ok(None) => true,
             Err(_) => return ScanResult::NothingFound { complete: false },
         }

@@ -48,17 +48,29 @@ pub enum Command {
         /// The receiving agent.
         to: String,
     },
-    /// Show or set configuration: enabled, enabledAfter, connections, outageGuard.
+    /// Show or set configuration: enabled, enabledAfter, connections, outageGuard,
+    /// chainHopBudget, chainDepthLimit.
     Config {
-        /// enabled, enabledAfter, connections or outageGuard; none: show them all.
+        /// enabled, enabledAfter, connections, outageGuard, chainHopBudget or
+        /// chainDepthLimit; none: show them all.
         key: Option<String>,
         /// The new value: true/false; a time or `now`; open/explicit; null,
         /// {"preset": NAME} (openai, openai-codex, codex, anthropic, anthropic-claude-code,
-        /// claude-code, github) or {"url": …, "components": […]}. None: show the key.
+        /// claude-code, github) or {"url": …, "components": […]}; a new chain's hop budget
+        /// (0 to 100000, default 16) or depth limit (0 to 1000, default 8). None: show the key.
         value: Option<String>,
     },
     /// Send a handoff (with --title: work) from one agent to another.
     Send(SendArgs),
+    /// Wait until the agent has an unread message, or the chain of the turn it is working on
+    /// is cancelled or stopped by its budget, or the timeout; says which.
+    Wait {
+        #[command(flatten)]
+        actor: Actor,
+        /// At most this many seconds (1 to 3600).
+        #[arg(long, default_value_t = 30)]
+        timeout_seconds: u64,
+    },
     /// List an agent's messages (unread unless --all).
     Inbox {
         /// Whose inbox.
@@ -163,6 +175,13 @@ pub enum Command {
     /// The workspace's task ledger: briefs, the one writer lease, the handoff budget.
     #[command(subcommand)]
     Task(TaskCmd),
+    /// Chains of handoffs (who sent what to whom, from which turn), their budgets and stops.
+    #[command(subcommand)]
+    Chain(ChainCmd),
+    /// Dead letters: what could not be delivered, and why; replay one as a new message, or
+    /// drop it.
+    #[command(subcommand)]
+    Dead(DeadCmd),
     /// Four simulated agents handing work around on a live page; temporary data, deleted on
     /// Ctrl+C.
     Demo {
@@ -384,6 +403,94 @@ pub struct SendArgs {
     /// Idempotency key: a repeated send with the same key returns the first message.
     #[arg(long)]
     pub key: Option<String>,
+    /// Continue the chain of this message (id or unique prefix), which the sender sent or
+    /// received. Without it, a send from a turn continues that turn's chain
+    /// (`HANDOFFS_REQUEST_ID`, or the sender's active delivery); any other starts one.
+    #[arg(long, value_name = "ID")]
+    pub parent: Option<String>,
+    /// A new chain's budget: its hops and any units of your own, e.g.
+    /// `hops=20,tokens=200000,usd=5` (spent from inside its turns with `chain spend`).
+    /// Only for a send that starts a chain.
+    #[arg(long, value_name = "hops=N,UNIT=N")]
+    pub budget: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DeadCmd {
+    /// The newest dead letters (open ones unless --all).
+    List {
+        /// Replayed and dropped ones too.
+        #[arg(long)]
+        all: bool,
+        /// How many at most (1 to 10000).
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+    },
+    /// One dead letter in full.
+    Show {
+        /// Its id, or a unique prefix of at least 6 characters.
+        id: String,
+    },
+    /// Send it again as a new message (new id, same chain, linked to the dead one), once.
+    Replay {
+        /// Its id, or a unique prefix of at least 6 characters.
+        id: String,
+        /// To this agent instead of its recipient.
+        #[arg(long, value_name = "AGENT")]
+        to: Option<String>,
+    },
+    /// Drop it: nobody will send it.
+    Drop {
+        /// Its id, or a unique prefix of at least 6 characters.
+        id: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ChainCmd {
+    /// A chain as a tree: who sent what to whom, each delivery's state, its budget.
+    Show {
+        /// The chain's id, or the id (or a unique prefix) of any of its messages.
+        id: String,
+    },
+    /// The newest chains, stopped ones first.
+    List {
+        /// How many at most (1 to 10000).
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+    },
+    /// Cancel a chain and everything pending in it: nothing more of it is written, its open
+    /// work is closed as cancelled, turns under way run on (their returns recorded as late),
+    /// and each affected agent is told once.
+    Cancel {
+        /// The chain's id, or the id (or a unique prefix) of any of its messages.
+        id: String,
+        /// Why, for the agents told.
+        #[arg(long)]
+        note: Option<String>,
+    },
+    /// Lift a stopped chain: add to its hop budget, a unit of its budget or its depth limit.
+    Resume {
+        /// The chain's id, or the id (or a unique prefix) of any of its messages.
+        id: String,
+        /// What to add, e.g. `hops=8`, `tokens=50000` or `hops=8,depth=2`.
+        #[arg(long, value_name = "UNIT=N")]
+        add: String,
+    },
+    /// Spend from the budget of the chain a turn works in, all or nothing: a spend past a
+    /// limit is refused and stops the chain until a person resumes it.
+    Spend {
+        /// What was spent, e.g. `tokens=1200,usd=0.04`.
+        units: String,
+        /// The agent spending; inside its turn, the run's `HANDOFFS_REQUEST_ID` names the
+        /// chain.
+        #[arg(long = "as", value_name = "AGENT")]
+        agent: String,
+        /// The chain of this message (id or unique prefix), which the agent sent or received,
+        /// instead of its turn's.
+        #[arg(long, value_name = "ID")]
+        parent: Option<String>,
+    },
 }
 
 #[derive(Debug, Args)]

@@ -144,13 +144,12 @@ pub fn run(cli: &Cli) -> Result<(), Failure> {
         Command::Config { key, value } => config_cmd(cli, key.as_deref(), value.as_deref()),
         Command::Send(a) => send_cmd(cli, a),
         Command::Inbox { agent, all, limit } => inbox_cmd(cli, agent, *all, *limit),
+        Command::Wait {
+            actor,
+            timeout_seconds: t,
+        } => wait_cmd(cli, &actor.as_agent, *t),
         Command::Read { id, actor } => read_cmd(cli, id, &actor.as_agent),
-        Command::Accept { id, actor } => {
-            let mut s = open(cli)?;
-            let w = s.accept(id, &actor.as_agent)?;
-            emit(cli, &w, || format!("{} accepted", short(&w.id)));
-            Ok(())
-        }
+        Command::Accept { id, actor } => accept_cmd(cli, id, &actor.as_agent),
         Command::Return {
             id,
             actor,
@@ -238,6 +237,8 @@ pub fn run(cli: &Cli) -> Result<(), Failure> {
             *channels,
         )?),
         Command::Task(cmd) => task(cli, cmd),
+        Command::Chain(cmd) => chain_cmd(cli, cmd),
+        Command::Dead(cmd) => dead_cmd(cli, cmd),
         Command::Demo {
             port,
             host,
@@ -366,13 +367,26 @@ fn send_cmd(cli: &Cli, a: &SendArgs) -> Result<(), Failure> {
         a.message.clone()
     };
     let mut s = open(cli)?;
-    let sent = s.send(
+    // A send from inside a supervised turn (its run's `HANDOFFS_REQUEST_ID`) continues that
+    // turn's chain; a person's send starts one, unless --parent names it.
+    let request_id = std::env::var("HANDOFFS_REQUEST_ID")
+        .ok()
+        .filter(|r| !r.is_empty());
+    let lineage = crate::service::Lineage {
+        parent: a.parent.clone(),
+        in_turn: request_id.is_some(),
+        request_id,
+        budget: a.budget.clone(),
+    };
+    s.set_policy(policy_from_env()?);
+    let sent = s.send_as(
         &a.from,
         &a.to,
         &body,
         a.title.as_deref(),
         a.due_minutes,
         a.key.as_deref(),
+        &lineage,
     )?;
     emit(cli, &sent, || {
         let state = sent
@@ -382,6 +396,293 @@ fn send_cmd(cli: &Cli, a: &SendArgs) -> Result<(), Failure> {
             format!("{} {} → {} ({state})", sent.message.id, a.from, a.to)
         } else {
             format!("{} already sent with this key ({state})", sent.message.id)
+        }
+    });
+    Ok(())
+}
+
+fn chain_cmd(cli: &Cli, cmd: &args::ChainCmd) -> Result<(), Failure> {
+    let mut s = open(cli)?;
+    match cmd {
+        args::ChainCmd::Show { id } => {
+            let view = s.chain_show(id)?;
+            emit(cli, &view, || chain_text(&view));
+        }
+        args::ChainCmd::List { limit } => {
+            if !(1..=crate::service::LIST_LIMIT_MAX).contains(limit) {
+                return Err(usage("--limit must be 1 to 10000"));
+            }
+            let chains = s.chain_list(*limit)?;
+            emit(cli, &chains, || {
+                if chains.is_empty() {
+                    return "no chains".to_owned();
+                }
+                chains
+                    .iter()
+                    .map(|c| {
+                        format!(
+                            "{}  {}  {}/{} hops, depth limit {}, from {}{}",
+                            c.id,
+                            c.state,
+                            c.hops,
+                            c.hop_budget,
+                            c.depth_limit,
+                            c.origin,
+                            c.stopped_reason
+                                .as_deref()
+                                .map(|r| format!(": {}", crate::text::one_line(r, 200)))
+                                .unwrap_or_default()
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            });
+        }
+        args::ChainCmd::Cancel { id, note } => {
+            s.set_policy(policy_from_env()?);
+            let c = s.chain_cancel(id, None, note.as_deref())?;
+            emit(cli, &c, || {
+                format!(
+                    "chain {} cancelled: {} deliveries cancelled, {} turns under way marked, {} work closed; told: {}",
+                    c.chain.id,
+                    c.cancelled.len(),
+                    c.marked.len(),
+                    c.closed_work.len(),
+                    if c.notified.is_empty() {
+                        "nobody".to_owned()
+                    } else {
+                        c.notified.join(", ")
+                    }
+                )
+            });
+        }
+        args::ChainCmd::Resume { id, add } => {
+            let c = s.chain_resume(id, add)?;
+            emit(cli, &c, || {
+                format!(
+                    "chain {} open again: {}/{} hops, depth limit {}{}",
+                    c.id,
+                    c.hops,
+                    c.hop_budget,
+                    c.depth_limit,
+                    units_text(&c.units)
+                )
+            });
+        }
+        args::ChainCmd::Spend {
+            units,
+            agent,
+            parent,
+        } => {
+            s.set_policy(policy_from_env()?);
+            let request_id = std::env::var("HANDOFFS_REQUEST_ID")
+                .ok()
+                .filter(|r| !r.is_empty());
+            let lineage = crate::service::Lineage {
+                parent: parent.clone(),
+                in_turn: request_id.is_some(),
+                request_id,
+                budget: None,
+            };
+            let spent = s.chain_spend(agent, units, &lineage)?;
+            emit(cli, &spent, || {
+                format!(
+                    "spent {units} in chain {}:{}",
+                    spent.chain.id,
+                    units_text(&spent.chain.units)
+                )
+            });
+        }
+    }
+    Ok(())
+}
+
+fn dead_cmd(cli: &Cli, cmd: &args::DeadCmd) -> Result<(), Failure> {
+    let line = |d: &crate::service::DeadLetterRow| {
+        let what = d
+            .title
+            .clone()
+            .unwrap_or_else(|| crate::text::one_line(&d.body, 60));
+        let fate = match (&d.replayed_as, d.dropped_at) {
+            (Some(m), _) => format!(" (replayed as {})", short(m)),
+            (None, Some(_)) => " (dropped)".to_owned(),
+            (None, None) => String::new(),
+        };
+        format!(
+            "{}  {}  {} → {}  {what}: {}{fate}",
+            d.id, d.reason, d.sender, d.recipient, d.detail
+        )
+    };
+    let mut s = open(cli)?;
+    match cmd {
+        args::DeadCmd::List { all, limit } => {
+            if !(1..=crate::service::LIST_LIMIT_MAX).contains(limit) {
+                return Err(usage("--limit must be 1 to 10000"));
+            }
+            let list = s.dead_list(*all, *limit)?;
+            emit(cli, &list, || {
+                if list.is_empty() {
+                    return "no dead letters".to_owned();
+                }
+                list.iter().map(line).collect::<Vec<_>>().join("\n")
+            });
+        }
+        args::DeadCmd::Show { id } => {
+            let d = s.dead_show(id)?;
+            emit(cli, &d, || format!("{}\n\n{}", line(&d), d.body));
+        }
+        args::DeadCmd::Replay { id, to } => {
+            let r = s.dead_replay(id, to.as_deref())?;
+            emit(cli, &r, || {
+                format!(
+                    "dead letter {} replayed as {} {} → {}",
+                    r.dead_letter.id,
+                    r.sent.message.id,
+                    r.sent.message.sender,
+                    r.sent.message.recipient
+                )
+            });
+        }
+        args::DeadCmd::Drop { id } => {
+            let d = s.dead_drop(id)?;
+            emit(cli, &d, || format!("dead letter {} dropped", d.id));
+        }
+    }
+    Ok(())
+}
+
+/// A chain as an indented tree (each message below its parent).
+/// A chain's own units as text: ` tokens 1200/200000, usd 0.3` (spent/limit).
+fn units_text(units: &model::chain::Budget) -> String {
+    units
+        .lines
+        .iter()
+        .map(|(unit, l)| match l.limit {
+            Some(limit) => format!(" {unit} {}/{limit}", l.spent),
+            None => format!(" {unit} {}", l.spent),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn chain_text(view: &crate::service::ChainView) -> String {
+    fn line(m: &crate::service::chains::ChainMessage, depth: usize) -> String {
+        let what = m
+            .message
+            .title
+            .clone()
+            .unwrap_or_else(|| crate::text::one_line(&m.message.body, 60));
+        let state = m
+            .delivery_state
+            .map_or_else(|| m.message.intent.clone(), |k| k.to_string());
+        let spent: Vec<String> = m.spent.iter().map(|(u, n)| format!("{u} {n}")).collect();
+        let spent = if spent.is_empty() {
+            String::new()
+        } else {
+            format!("  (spent {})", spent.join(", "))
+        };
+        format!(
+            "\n{}{} {} → {} [{state}] {what}{spent}",
+            "  ".repeat(depth),
+            short(&m.message.id),
+            m.message.sender,
+            m.message.recipient,
+        )
+    }
+    fn below(view: &crate::service::ChainView, parent: &str, depth: usize, out: &mut String) {
+        for m in view
+            .messages
+            .iter()
+            .filter(|m| m.message.parent_id.as_deref() == Some(parent))
+        {
+            out.push_str(&line(m, depth));
+            below(view, &m.message.id, depth + 1, out);
+        }
+    }
+    let c = &view.chain;
+    let mut out = format!(
+        "chain {}  {}  {}/{} hops, depth limit {},{} from {}",
+        c.id,
+        c.state,
+        c.hops,
+        c.hop_budget,
+        c.depth_limit,
+        units_text(&c.units),
+        c.origin
+    );
+    if let Some(r) = &c.stopped_reason {
+        out.push_str(&format!("\nstopped: {r}"));
+    }
+    // The first message has no parent in the chain (an older one may name one outside it).
+    let ids: std::collections::HashSet<&str> = view
+        .messages
+        .iter()
+        .map(|m| m.message.id.as_str())
+        .collect();
+    for m in view.messages.iter().filter(|m| {
+        m.message
+            .parent_id
+            .as_deref()
+            .is_none_or(|p| !ids.contains(p))
+    }) {
+        out.push_str(&line(m, 0));
+        below(view, &m.message.id, 1, &mut out);
+    }
+    out
+}
+
+fn accept_cmd(cli: &Cli, id: &str, actor: &str) -> Result<(), Failure> {
+    let mut s = open(cli)?;
+    let w = s.accept(id, actor)?;
+    emit(cli, &w, || format!("{} accepted", short(&w.id)));
+    Ok(())
+}
+
+/// The one wait (SPEC §8.2): mail, the cancel or stop of the chain of the agent's turn, or
+/// the timeout, whichever comes first.
+fn wait_cmd(cli: &Cli, agent: &str, secs: u64) -> Result<(), Failure> {
+    if !(1..=3_600).contains(&secs) {
+        return Err(usage("--timeout-seconds must be 1 to 3600"));
+    }
+    let db = db_path(cli);
+    let mut s = open(cli)?;
+    if !s.agents()?.iter().any(|a| a.id == agent) {
+        return Err(ServiceError::NotFound(format!(
+            "unknown agent {agent:?}: no agent of that id is registered"
+        ))
+        .into());
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure {
+            code: 1,
+            message: format!("cannot start the wait: {e}"),
+        })?;
+    let changes = crate::service::Changes::watch(&db);
+    let woken = rt.block_on(crate::service::changes::wait_until(
+        || s.wake_look(agent),
+        changes.as_ref().map(crate::service::Changes::subscribe),
+        tokio::time::Instant::now() + std::time::Duration::from_secs(secs),
+        std::future::pending(),
+    ))?;
+    let value = match &woken {
+        None => json!({"woke": "timeout", "messages": []}),
+        Some(w) => serde_json::to_value(w).unwrap_or_default(),
+    };
+    emit(cli, &value, || match &woken {
+        None => "woke: timeout".to_owned(),
+        Some(w) => {
+            let mut t = format!("woke: {} ({} unread)", w.woke, w.messages.len());
+            if let Some(c) = &w.chain {
+                t.push_str(&format!(
+                    "\nchain {} {}: {}",
+                    c.id,
+                    c.state,
+                    c.stopped_reason.as_deref().unwrap_or("")
+                ));
+            }
+            t
         }
     });
     Ok(())

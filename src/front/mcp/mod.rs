@@ -416,53 +416,33 @@ impl McpServer {
             )));
         }
         let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
-        let mut rx = self.watch();
-        // After a file event, look again a little later too: a commit becomes visible through
-        // the shared-memory index, which raises no event of its own, just after the last WAL
-        // write that did.
-        let mut recheck: Option<tokio::time::Instant> = None;
-        loop {
-            let unread = self.service().inbox(&self.inner.agent, false, 50)?;
-            if !unread.is_empty() {
-                return Ok(json!({
-                    "timed_out": false,
-                    "messages": unread.iter().map(summary_of).collect::<Vec<_>>(),
-                }));
-            }
-            // Wake on a change to the database's files (then once more shortly after), else
-            // at the latest every 2 s (a file system that sends no events), else at the
-            // deadline.
-            let now = tokio::time::Instant::now();
-            let next = recheck
-                .take()
-                .filter(|r| *r > now)
-                .unwrap_or(now + Duration::from_secs(2))
-                .min(deadline);
-            tokio::select! {
-                biased;
-                () = ct.cancelled() => return Err(ToolError("cancelled".to_owned())),
-                () = tokio::time::sleep_until(deadline) => {
-                    return Ok(json!({ "timed_out": true, "messages": [] }));
-                }
-                changed = async {
-                    match rx.as_mut() {
-                        Some(r) => r.changed().await.is_ok(),
-                        None => std::future::pending().await,
-                    }
-                } => {
-                    if !changed {
-                        rx = None;
-                    }
-                    // Let a burst of writes (one commit) settle into one look.
-                    tokio::time::sleep(Duration::from_millis(15)).await;
-                    if let Some(r) = rx.as_mut() {
-                        r.borrow_and_update();
-                    }
-                    recheck = Some(tokio::time::Instant::now() + Duration::from_millis(60));
-                }
-                () = tokio::time::sleep_until(next) => {}
-            }
+        let woken = crate::service::changes::wait_until(
+            || self.service().wake_look(&self.inner.agent),
+            self.watch(),
+            deadline,
+            ct.cancelled(),
+        )
+        .await?;
+        if ct.is_cancelled() {
+            return Err(ToolError("cancelled".to_owned()));
         }
+        Ok(match woken {
+            None => json!({ "timed_out": true, "woke": "timeout", "messages": [] }),
+            Some(w) => {
+                let mut v = json!({
+                    "timed_out": false,
+                    "woke": w.woke,
+                    "messages": w.messages.iter().map(summary_of).collect::<Vec<_>>(),
+                });
+                if let Some(c) = &w.chain {
+                    v["chain"] = json!({
+                        "id": c.id, "state": c.state, "reason": c.stopped_reason,
+                        "hops": c.hops, "hop_budget": c.hop_budget,
+                    });
+                }
+                v
+            }
+        })
     }
 
     fn watch(&self) -> Option<tokio::sync::watch::Receiver<u64>> {

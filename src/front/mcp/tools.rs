@@ -27,6 +27,34 @@ struct SendArgs {
     due_minutes: Option<i64>,
     /// Idempotency key: repeating a send with the same key returns the first message.
     key: Option<String>,
+    /// Continue the chain of this message (one you sent or received; id or a unique prefix
+    /// of at least 6 characters). Without it, a send during your turn continues that turn's
+    /// chain, and any other starts one.
+    parent: Option<String>,
+    /// A new chain's budget, only for a send that starts one: hops and any units of your
+    /// own, e.g. "hops=20,tokens=200000,usd=5".
+    budget: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct SpendArgs {
+    /// What your turn spent, by unit, e.g. {"tokens": 1200, "usd": 0.04} (at most six
+    /// decimals).
+    units: std::collections::BTreeMap<String, f64>,
+    /// The chain of this message (one you sent or received) instead of the one your turn
+    /// works in.
+    parent: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct CancelChainArgs {
+    /// The chain's id, or the id (or a unique prefix) of any of its messages. Only a chain
+    /// you started can be cancelled.
+    id: String,
+    /// Why, for the agents told.
+    note: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -328,6 +356,7 @@ pub(super) fn table() -> &'static [ToolDef] {
     static TABLE: OnceLock<Vec<ToolDef>> = OnceLock::new();
     TABLE.get_or_init(|| {
         let mut all = message_tools();
+        all.extend(chain_tools());
         all.extend(task_tools());
         all.extend(context_tools());
         all
@@ -335,6 +364,53 @@ pub(super) fn table() -> &'static [ToolDef] {
 }
 
 /// Handoffs, work contracts and delivery status.
+/// Chains (SPEC §8.2).
+fn chain_tools() -> Vec<ToolDef> {
+    use Kind::Write;
+    vec![
+        entry::<SpendArgs>(
+            "spend_budget",
+            "Spend from your chain's budget",
+            Write,
+            "Record what your turn spent (tokens, dollars, any unit the chain's budget names) \
+             against the budget of the chain you work in, all or nothing. A spend past a \
+             limit is refused and stops the chain until a person resumes it; its origin is \
+             told.",
+            object(
+                &[
+                    ("chain_id", string()),
+                    ("message_id", string()),
+                    ("state", string()),
+                    ("units", of_type("object")),
+                    ("hops", of_type("integer")),
+                    ("hop_budget", of_type("integer")),
+                ],
+                &["chain_id", "message_id", "state", "units"],
+            ),
+            spend_budget,
+        ),
+        entry::<CancelChainArgs>(
+            "cancel_chain",
+            "Cancel a chain",
+            Write,
+            "Cancel a chain you started and everything pending in it: nothing more of it is \
+             written, its open work is closed as cancelled, turns under way run on (their \
+             returns are recorded as late), and each affected agent is told once.",
+            object(
+                &[
+                    ("chain_id", string()),
+                    ("cancelled", array(string())),
+                    ("marked", array(string())),
+                    ("closed_work", array(string())),
+                    ("notified", array(string())),
+                ],
+                &["chain_id", "cancelled", "marked", "closed_work", "notified"],
+            ),
+            cancel_chain,
+        ),
+    ]
+}
+
 fn message_tools() -> Vec<ToolDef> {
     use Kind::{Idempotent, Read, Write};
     let work = || object(&[("work", of_type("object"))], &["work"]);
@@ -352,9 +428,19 @@ fn message_tools() -> Vec<ToolDef> {
                     ("kind", string()),
                     ("created", of_type("boolean")),
                     ("delivery_state", maybe("string")),
+                    ("chain_id", string()),
+                    ("hop", of_type("integer")),
                     ("warning", string()),
                 ],
-                &["id", "to", "kind", "created", "delivery_state"],
+                &[
+                    "id",
+                    "to",
+                    "kind",
+                    "created",
+                    "delivery_state",
+                    "chain_id",
+                    "hop",
+                ],
             ),
             send_handoff,
         ),
@@ -457,13 +543,17 @@ fn message_tools() -> Vec<ToolDef> {
             "wait_for_messages",
             "Wait for messages",
             Read,
-            "Wait (at most 50 s) until you have an unread message; returns at once if you already do.",
+            "Wait (at most 50 s) until you have an unread message, or the chain of the turn you \
+             are working on is cancelled or stopped by its budget; returns at once if so already. \
+             `woke` says which: message, chain_cancelled, budget_spent (its chain's budget ran out), chain_stopped (its depth limit) or timeout.",
             object(
                 &[
                     ("timed_out", of_type("boolean")),
+                    ("woke", string()),
                     ("messages", array(message_summary())),
+                    ("chain", of_type("object")),
                 ],
-                &["timed_out", "messages"],
+                &["timed_out", "woke", "messages"],
             ),
             Run::Wait,
         ),
@@ -673,13 +763,21 @@ fn context_entries() -> Vec<ToolDef> {
 // ----- handlers -----
 
 fn send_handoff(s: &McpServer, me: &str, a: &SendArgs) -> ToolResult {
-    let sent = s.service().send(
+    // The MCP session is the agent's own: a send during its turn continues that turn's chain.
+    let lineage = crate::service::Lineage {
+        parent: a.parent.clone(),
+        request_id: None,
+        in_turn: true,
+        budget: a.budget.clone(),
+    };
+    let sent = s.service().send_as(
         me,
         &a.to,
         &a.message,
         a.title.as_deref(),
         a.due_minutes,
         a.key.as_deref(),
+        &lineage,
     )?;
     let mut v = json!({
         "id": sent.message.id,
@@ -687,11 +785,55 @@ fn send_handoff(s: &McpServer, me: &str, a: &SendArgs) -> ToolResult {
         "kind": sent.message.kind,
         "created": sent.created,
         "delivery_state": sent.delivery_state,
+        "chain_id": sent.message.chain_id,
+        "hop": sent.message.hop,
     });
     if let Some(w) = s.engine_warning() {
         v["warning"] = json!(w);
     }
     Ok(v)
+}
+
+fn spend_budget(s: &McpServer, me: &str, a: &SpendArgs) -> ToolResult {
+    let units = a
+        .units
+        .iter()
+        .map(|(u, n)| format!("{u}={n}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    if units.is_empty() {
+        return Err(ToolError(
+            "units is empty: give what was spent, e.g. {\"tokens\": 1200}".to_owned(),
+        ));
+    }
+    let lineage = crate::service::Lineage {
+        parent: a.parent.clone(),
+        request_id: None,
+        in_turn: true,
+        budget: None,
+    };
+    let spent = s.service().chain_spend(me, &units, &lineage)?;
+    Ok(json!({
+        "chain_id": spent.chain.id,
+        "message_id": spent.message,
+        "state": spent.chain.state,
+        "units": spent.chain.units,
+        "hops": spent.chain.hops,
+        "hop_budget": spent.chain.hop_budget,
+    }))
+}
+
+fn cancel_chain(s: &McpServer, me: &str, a: &CancelChainArgs) -> ToolResult {
+    let c = s
+        .service()
+        .chain_cancel(&a.id, Some(me), a.note.as_deref())?;
+    Ok(json!({
+        "chain_id": c.chain.id,
+        "cancelled": c.cancelled,
+        "marked": c.marked,
+        "closed_work": c.closed_work,
+        "notified": c.notified,
+    }))
 }
 
 fn inbox(s: &McpServer, me: &str, a: &InboxArgs) -> ToolResult {

@@ -185,6 +185,7 @@ pub fn router(
         .route("/api/events", get(events))
         .route("/api/stream", get(stream))
         .route("/api/send", post(send))
+        .route("/api/spend", post(spend))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "no such page") })
@@ -456,6 +457,58 @@ async fn events(State(s): State<Arc<AppState>>, RawQuery(q): RawQuery) -> Respon
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+struct SpendBody {
+    /// The agent whose turn spent it.
+    agent: String,
+    /// Unit → amount, e.g. {"tokens": 1200, "usd": 0.04}.
+    units: std::collections::BTreeMap<String, f64>,
+    /// The turn's request id (`HANDOFFS_REQUEST_ID`), naming the chain.
+    request_id: Option<String>,
+    /// Or a message of the chain the agent sent or received.
+    parent: Option<String>,
+}
+
+/// `POST /api/spend`: a turn's spend from its chain's budget (SPEC §8.2), for a program that
+/// reports its costs over HTTP. 200 with the chain, 409 when refused (the chain stopped).
+async fn spend(
+    State(s): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Response {
+    let req: SpendBody = match checked_body(&s, "spending", &headers, body) {
+        Ok(r) => r,
+        Err(refused) => return refused,
+    };
+    let units = req
+        .units
+        .iter()
+        .map(|(u, n)| format!("{u}={n}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let state = s.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        let mut svc = state
+            .service
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let lineage = crate::service::Lineage {
+            parent: req.parent.clone(),
+            in_turn: req.request_id.is_some(),
+            request_id: req.request_id.clone(),
+            budget: None,
+        };
+        svc.chain_spend(&req.agent, &units, &lineage)
+    })
+    .await;
+    match out {
+        Ok(Ok(spent)) => (StatusCode::OK, axum::Json(json!(spent))).into_response(),
+        Ok(Err(e)) => service_error(&e),
+        Err(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "the spend stopped"),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct SendBody {
     from: String,
     to: String,
@@ -465,13 +518,23 @@ struct SendBody {
     due_minutes: Option<i64>,
 }
 
-async fn send(
-    State(s): State<Arc<AppState>>,
-    headers: HeaderMap,
+/// A write's JSON body, once its token and content type are right: otherwise the response
+/// that refuses it. `what` names the write for the public demo's refusal.
+#[expect(
+    clippy::result_large_err,
+    reason = "the refusal is the handler's response itself, built once per refused request"
+)]
+fn checked_body<T: serde::de::DeserializeOwned>(
+    s: &AppState,
+    what: &str,
+    headers: &HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> Response {
+) -> Result<T, Response> {
     if s.options.public_demo {
-        return error(StatusCode::FORBIDDEN, "sending is off in the public demo");
+        return Err(error(
+            StatusCode::FORBIDDEN,
+            format!("{what} is off in the public demo"),
+        ));
     }
     let given = headers
         .get("x-handoffs-token")
@@ -485,10 +548,10 @@ async fn send(
         false
     };
     if !equal && !crate::planted(crate::Plant::WebToken) {
-        return error(
+        return Err(error(
             StatusCode::UNAUTHORIZED,
             "X-Handoffs-Token is missing or wrong (it is the content of the database's .token file)",
-        );
+        ));
     }
     let json_type = headers
         .get(header::CONTENT_TYPE)
@@ -496,24 +559,33 @@ async fn send(
         .and_then(|v| v.split(';').next())
         .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
     if !json_type {
-        return error(
+        return Err(error(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "send a JSON body with Content-Type: application/json",
-        );
+        ));
     }
     let bytes = match body {
         Ok(b) => b,
         Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            return error(
+            return Err(error(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!("the body is larger than {BODY_LIMIT} bytes"),
-            );
+            ));
         }
-        Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
+        Err(e) => return Err(error(StatusCode::BAD_REQUEST, e.body_text())),
     };
-    let req: SendBody = match serde_json::from_slice(&bytes) {
+    serde_json::from_slice(&bytes)
+        .map_err(|e| error(StatusCode::BAD_REQUEST, format!("bad JSON body: {e}")))
+}
+
+async fn send(
+    State(s): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Response {
+    let req: SendBody = match checked_body(&s, "sending", &headers, body) {
         Ok(r) => r,
-        Err(e) => return error(StatusCode::BAD_REQUEST, format!("bad JSON body: {e}")),
+        Err(refused) => return refused,
     };
     let state = s.clone();
     let out = tokio::task::spawn_blocking(move || {

@@ -107,6 +107,14 @@ pub(super) fn status_json(b: &Board, public: bool) -> Value {
                 "preview": "", "state": "OVERDUE", "attempts": 0, "detail": "",
                 "reason": reason, "enrolled_at": w.created_at, "updated_at": w.updated_at,
             }),
+            Attention::Chain { chain: c, reason } => json!({
+                "id": c.id, "from": c.origin, "to": "", "title": "chain stopped",
+                "preview": "", "state": "CHAIN_STOPPED", "attempts": c.hops,
+                "detail": if public { Some("stopped by its budget or depth limit") } else { c.stopped_reason.as_deref() },
+                "reason": if public { "A chain stopped by its budget or depth limit." } else { reason.as_str() },
+                "enrolled_at": c.created_at,
+                "updated_at": c.updated_at,
+            }),
         })
         .collect();
     let counts: serde_json::Map<String, Value> = o
@@ -151,6 +159,14 @@ pub(super) fn status_json(b: &Board, public: bool) -> Value {
             "accept_to_return_p50_ms": median(&t.accept_to_return_ms),
         },
         "last_event_id": b.last_event_seq,
+        "dead_letters": {
+            "counts": b.dead_counts.iter().map(|(r, n)| (r.clone(), json!(n))).collect::<serde_json::Map<_, _>>(),
+            "newest": b.dead_letters.iter().map(|d| json!({
+                "id": d.id, "from": d.sender, "to": d.recipient, "reason": d.reason,
+                "detail": if public { "" } else { d.detail.as_str() }, "title": d.title,
+                "preview": crate::text::one_line(&d.body, 140), "created_at": d.created_at,
+            })).collect::<Vec<_>>(),
+        },
     })
 }
 
@@ -163,6 +179,20 @@ pub(super) fn metrics_text(b: &Board) -> String {
     );
     for (state, n) in &o.counts {
         m.push_str(&format!("handoffs_deliveries{{state=\"{state}\"}} {n}\n"));
+    }
+    m.push_str(
+        "# HELP handoffs_dead_letters Dead letters not yet replayed or dropped, by reason.\n# TYPE handoffs_dead_letters gauge\n",
+    );
+    for reason in crate::service::dead::Reason::ALL {
+        let n = b
+            .dead_counts
+            .iter()
+            .find(|(r, _)| r == reason.as_str())
+            .map_or(0, |(_, n)| *n);
+        m.push_str(&format!(
+            "handoffs_dead_letters{{reason=\"{}\"}} {n}\n",
+            reason.as_str()
+        ));
     }
     m.push_str(&format!(
         "# HELP handoffs_delivery_attempts_total Writes into recipients' sessions, over all deliveries.\n\
