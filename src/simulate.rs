@@ -972,6 +972,9 @@ async fn driver(
     // Some handoffs answer an earlier one the sender received (`--parent`), so chains grow
     // into trees; from a stream of its own too.
     let mut links = ChaCha8Rng::seed_from_u64(seed ^ 0x11ae);
+    // Half the chains start with a budget of a few hops and 1,000 tokens, and agents working
+    // in a chain spend tokens from it now and then (SPEC §8.2); a stream of its own as well.
+    let mut budgets = ChaCha8Rng::seed_from_u64(seed ^ 0xb0d6);
     let mut ids: Vec<String> = Vec::new();
     let mut received: Vec<(usize, String)> = Vec::new();
     let gap_ms = u64::try_from(SEND_WINDOW.as_millis()).unwrap_or(u64::MAX)
@@ -995,8 +998,12 @@ async fn driver(
             .then(|| received.iter().rev().find(|(r, _)| *r == from))
             .flatten()
             .map(|(_, id)| id.clone());
+        let budget = (parent.is_none() && budgets.random_bool(0.5))
+            .then(|| format!("hops={},tokens=1000", budgets.random_range(1..=3)));
+        maybe_spend(&mut svc, names, &received, &mut budgets, trace);
         let lineage = crate::service::Lineage {
             parent,
+            budget,
             ..Default::default()
         };
         match svc.send_as(
@@ -1100,6 +1107,40 @@ async fn driver(
     Ok(())
 }
 
+/// Now and then, an agent working on one of the last handoffs it received spends tokens from
+/// that handoff's chain.
+fn maybe_spend(
+    svc: &mut Service,
+    names: &[String],
+    received: &[(usize, String)],
+    rng: &mut ChaCha8Rng,
+    trace: &Trace,
+) {
+    if received.is_empty() || !rng.random_bool(0.6) {
+        return;
+    }
+    let recent = &received[received.len().saturating_sub(6)..];
+    let (who, id) = &recent[rng.random_range(0..recent.len())];
+    let tokens = rng.random_range(150..=450);
+    let lineage = crate::service::Lineage {
+        parent: Some(id.clone()),
+        ..Default::default()
+    };
+    match svc.chain_spend(&names[*who], &format!("tokens={tokens}"), &lineage) {
+        Ok(s) => note(
+            trace,
+            "driver",
+            format!(
+                "{} spends {tokens} tokens in chain {} (on {})",
+                names[*who],
+                short(&s.chain.id),
+                short(id)
+            ),
+        ),
+        Err(e) => note(trace, "driver", format!("spend refused: {e}")),
+    }
+}
+
 /// Now and then, a person cancels the chain of one of the handoffs sent so far.
 fn maybe_cancel(svc: &mut Service, ids: &[String], rng: &mut ChaCha8Rng, trace: &Trace) {
     if ids.is_empty() || !rng.random_bool(0.08) {
@@ -1159,6 +1200,58 @@ fn chain_facts(
         .and_then(Iterator::collect::<rusqlite::Result<BTreeSet<_>>>)
         .map_err(err)?;
     Ok((cancels, chain_of, marked))
+}
+
+/// What the budgets' oracle reads: each chain's hop budget, depth limit and unit limits, and
+/// what was taken from them, counted from the handoffs and the spends themselves (a work's
+/// return, a reminder or a notification continues no chain: only sends spend hops).
+fn chain_budgets(c: &rusqlite::Connection) -> Result<Vec<oracle::ChainBudgetRow>, String> {
+    let err = |e: rusqlite::Error| e.to_string();
+    let mut st = c
+        .prepare(
+            "SELECT c.id, c.hop_budget, c.depth_limit, c.units,
+                    (SELECT count(*) FROM messages m WHERE m.chain_id = c.id
+                        AND m.intent = 'handoff' AND m.kind IN ('plain', 'work')
+                        AND m.parent_id IS NOT NULL),
+                    (SELECT coalesce(max(m.hop), 0) FROM messages m WHERE m.chain_id = c.id
+                        AND m.intent = 'handoff' AND m.kind IN ('plain', 'work'))
+             FROM chains c ORDER BY c.id",
+        )
+        .map_err(err)?;
+    let mut rows = st
+        .query_map([], |r| {
+            Ok((
+                oracle::ChainBudgetRow {
+                    chain: r.get(0)?,
+                    hop_budget: r.get(1)?,
+                    depth_limit: r.get(2)?,
+                    continuations: r.get(4)?,
+                    deepest: r.get(5)?,
+                    ..Default::default()
+                },
+                r.get::<_, String>(3)?,
+            ))
+        })
+        .and_then(Iterator::collect::<rusqlite::Result<Vec<_>>>)
+        .map_err(err)?;
+    let mut spends = c
+        .prepare("SELECT unit, sum(amount) FROM chain_spends WHERE chain_id = ?1 GROUP BY unit")
+        .map_err(err)?;
+    let mut out = Vec::with_capacity(rows.len());
+    for (mut row, units) in rows.drain(..) {
+        let units: BTreeMap<String, Value> = serde_json::from_str(&units)
+            .map_err(|e| format!("chain {}: units are not JSON: {e}", row.chain))?;
+        row.limits = units
+            .iter()
+            .filter_map(|(u, l)| Some((u.clone(), l.get("limit")?.as_i64()?)))
+            .collect();
+        row.spent = spends
+            .query_map([&row.chain], |r| Ok((r.get(0)?, r.get(1)?)))
+            .and_then(Iterator::collect::<rusqlite::Result<_>>)
+            .map_err(err)?;
+        out.push(row);
+    }
+    Ok(out)
 }
 
 /// The rows of a query of two text columns, as a map from the first to the second.
@@ -1432,13 +1525,13 @@ fn gather(
             .windows
             .clone(),
         // A person's releases: each stuck delivery, and every pending one of a cancelled chain.
-        // A person's releases: each stuck delivery, and every pending one of a cancelled chain.
         released: released_by_people(c, released)?,
         reregistered: BTreeSet::new(),
         unconnected_writes: Vec::new(),
         chain_cancels,
         chain_of,
         marked_at_cancel,
+        chain_budgets: chain_budgets(c)?,
         holds: Vec::new(),
         senders: pairs(c, "SELECT id, sender FROM messages")?,
         busy_answers: agents

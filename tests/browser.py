@@ -17,7 +17,9 @@ is not loopback (a DNS-rebinding stand-in). Each check prints one line per asser
     shows work moving, the stream badge goes live and renders go on over SSE without a reload
   2 XSS: a work item whose title and message are HTML (sent from Python with the token) shows
     as literal text: no script ran, no dialog, no <img>/<b> from the data; the send form in the
-    browser (token from the hash) sends a payload title and says "sent (id ...)"
+    browser (token from the hash) sends a payload title and says "sent (id ...)"; a dead letter
+    shows in its panel; a chain sent with a budget over HTTP and stopped by a spend past it
+    shows under "Chains in flight" (needs human, its hops and tokens)
   3 POST /api/send from the page's JS without the token, and with a wrong one: 401 + JSON error
   4 Host check: http://rebind.test:PORT/ does not render (the document is the 403 JSON error),
     and fetch('/api/status') from that document is 403
@@ -701,6 +703,31 @@ def check_xss(ctx: Ctx) -> None:
     pwned = page.js("typeof window.__pwned === 'undefined' ? null : String(window.__pwned)")
     report("2 the dead letter shows in its panel, its HTML title as literal text", bool(shown) and pwned is None,
            f"shown {shown}, window.__pwned = {pwned}")
+
+    # A chain started with a budget and stopped by a spend past it is listed under "Chains in
+    # flight", with its state, hops and what it spent of each unit.
+    hdrs = {"Content-Type": "application/json", "X-Handoffs-Token": demo.token or ""}
+    code, _, raw = http_request(demo.port, "POST", "/api/send",
+                                {"from": "planner", "to": "reviewer", "message": "spend it",
+                                 "budget": {"hops": 2, "tokens": 100}}, hdrs)
+    chain = json.loads(raw).get("id") if code == 201 else None
+    report("2 POST /api/send with a budget -> 201", chain is not None,
+           f"HTTP {code} {short(raw.decode('utf-8', 'replace'))}")
+    code, _, raw = http_request(demo.port, "POST", "/api/spend",
+                                {"agent": "reviewer", "units": {"tokens": 150}, "parent": chain}, hdrs)
+    report("2 POST /api/spend past the budget -> 409 (the chain stops)", code == 409,
+           f"HTTP {code} {short(raw.decode('utf-8', 'replace'))}")
+    sel = json.dumps(f"[data-testid=panel-chains] [data-chain-id={json.dumps(chain)}]")
+    row = page.wait(f"(() => {{ const r = document.querySelector({sel});"
+                    " if (!r || r.dataset.state !== 'needs_human') return null;"
+                    " const t = q => (r.querySelector(q) || {}).textContent;"
+                    " return {state: t('.pill'), hops: t('[data-testid=chain-hops]'),"
+                    " units: t('[data-testid=chain-units]'), reason: [...r.querySelectorAll('.sum')].map(e => e.textContent).join(' | ')} })()", 10)
+    report("2 the stopped chain shows under Chains in flight: needs human, 0 of 2 hops, tokens 0 of 100",
+           bool(row) and row["state"] == "needs human" and row["hops"].startswith("0 of 2 ")
+           and row["units"] == "tokens 0 of 100" and "150 more asked" in (row["reason"] or "")
+           and "started by planner" in (row["reason"] or ""),
+           f"row: {row!r}")
 
     # The send form, driven like a person: the token comes from the #token of the URL.
     tok = page.js("document.querySelector('[data-testid=send-token]').value")

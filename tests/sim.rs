@@ -103,6 +103,12 @@ fn a_sweep_catches_a_cancel_that_leaves_pending_deliveries_to_be_written() {
 
 #[cfg(feature = "planted-bugs")]
 #[test]
+fn a_sweep_catches_a_spend_that_crosses_its_chains_budget() {
+    caught_within("spend_past_budget", "budgets", 20);
+}
+
+#[cfg(feature = "planted-bugs")]
+#[test]
 fn a_sweep_catches_unknown_activity_taken_for_idle() {
     caught_within("unknown_is_idle", "G3", 20);
 }

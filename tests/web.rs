@@ -503,6 +503,96 @@ async fn a_stopped_chain_shows_under_needs_attention() {
     );
 }
 
+/// The chains in flight show in `/api/status` (and so on the page): a chain with a delivery
+/// on its way, with its hops, depth limit and what each unit spent of its limit; a chain
+/// stopped for a person with its state. A chain with nothing on its way is not listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chains_in_flight_show_with_their_budgets() {
+    let app = app(false);
+    let w = &app.world;
+    let id = |v: Value| v["message"]["id"].as_str().unwrap().to_owned();
+    let root = id(w.json(&[
+        "send",
+        "planner",
+        "writer",
+        "draft it",
+        "--budget",
+        "hops=3,tokens=1000",
+    ]));
+    w.ok(&[
+        "chain",
+        "spend",
+        "tokens=250",
+        "--as",
+        "writer",
+        "--parent",
+        &root,
+    ]);
+    id(w.json(&["send", "writer", "planner", "a question", "--parent", &root]));
+    let stopped = id(w.json(&["send", "planner", "writer", "other", "--budget", "tokens=1"]));
+    let out = w.run(&[
+        "chain", "spend", "tokens=2", "--as", "writer", "--parent", &stopped,
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    // Cancelled before anything was written: nothing of it is on its way any more.
+    let gone = id(w.json(&["send", "planner", "writer", "never mind"]));
+    w.ok(&["chain", "cancel", &gone]);
+    let mut chains = Vec::new();
+    for _ in 0..50 {
+        let (_, v) = get(&app, "/api/status").await;
+        chains = v["chains"].as_array().cloned().unwrap_or_default();
+        if chains.len() == 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(chains.len(), 2, "{chains:?}");
+    assert!(chains.iter().all(|c| c["id"] != json!(gone)), "{chains:?}");
+    // The stopped chain first, then the chain with deliveries on their way.
+    assert_eq!(chains[0]["id"], json!(stopped), "{chains:?}");
+    assert_eq!(chains[0]["state"], "needs_human");
+    assert!(
+        chains[0]["stopped_reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("tokens")),
+        "{chains:?}"
+    );
+    let c = &chains[1];
+    assert_eq!(c["id"], json!(root), "{c}");
+    assert_eq!(c["state"], "open");
+    assert_eq!(
+        (c["hops"].as_i64(), c["hop_budget"].as_i64()),
+        (Some(1), Some(3)),
+        "{c}"
+    );
+    assert_eq!(
+        c["units"]["tokens"],
+        json!({"spent": 250, "limit": 1000}),
+        "{c}"
+    );
+    assert_eq!(c["origin"], "planner");
+    assert_eq!(c["first"], "draft it");
+
+    // A send over HTTP starts its chain with a budget too (`send --budget`).
+    let tok = Some(app.token.as_str());
+    let body = |budget: Value| json!({"from": "planner", "to": "writer", "message": "m", "budget": budget});
+    let (s, v) = send(&app, tok, &body(json!({"hops": 2, "tokens": 5}))).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let shown = w.json(&["chain", "show", v["id"].as_str().unwrap()]);
+    assert_eq!(shown["chain"]["hop_budget"], 2, "{shown}");
+    assert_eq!(shown["chain"]["units"]["tokens"]["limit"], 5, "{shown}");
+    for bad in [
+        json!({"hops": 0.5}),
+        json!({}),
+        json!({"tokens": -1}),
+        json!("tokens=5"),
+    ] {
+        let (s, v) = send(&app, tok, &body(bad.clone())).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{bad}: {v}");
+        assert!(is_error(&v), "{v}");
+    }
+}
+
 /// `POST /api/spend` spends from a chain's budget like `chain spend`: the token is needed,
 /// a spend past the limit is 409 and stops the chain, bad bodies are 400.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -102,6 +102,23 @@ pub struct HoldRow {
     pub until: Option<Duration>,
 }
 
+/// One chain's budget at the end of a run and what was taken from it, counted from the
+/// messages and the spends themselves (not from the chain's own tally).
+#[derive(Clone, Debug, Default)]
+pub struct ChainBudgetRow {
+    pub chain: String,
+    pub hop_budget: i64,
+    pub depth_limit: i64,
+    /// Handoffs sent in the chain below its first message: each spends one hop.
+    pub continuations: i64,
+    /// The deepest handoff's depth.
+    pub deepest: i64,
+    /// The caller's units with a limit: unit → limit, in millionths.
+    pub limits: BTreeMap<String, i64>,
+    /// Every spend recorded, summed by unit, in millionths.
+    pub spent: BTreeMap<String, i64>,
+}
+
 /// How an agent answered one history query.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HistoryAnswer {
@@ -139,6 +156,8 @@ pub struct Run {
     pub chain_of: BTreeMap<String, String>,
     /// Deliveries whose turn was under way when their chain was cancelled (left to run).
     pub marked_at_cancel: BTreeSet<String>,
+    /// Each chain's budget and what was taken from it (SPEC §8.2 budgets).
+    pub chain_budgets: Vec<ChainBudgetRow>,
     /// Activity answers that forbade a write: "busy", or unreadable (503).
     pub busy_answers: usize,
     /// The pauses and blocks a person made, and each delivery's sender.
@@ -805,7 +824,56 @@ pub fn judge(run: &Run, settle_bound: Duration) -> Vec<Verdict> {
         held(run),
         liveness(run, settle_bound),
         chains(run),
+        budgets(run),
     ]
+}
+
+/// SPEC §8.2 budgets: no chain makes more hops than its hop budget, goes deeper than its
+/// depth limit, or spends more of a unit than its limit; a refused spend or send takes
+/// nothing.
+pub fn budgets(run: &Run) -> Verdict {
+    let mut v = Verdict::new("budgets", "no chain spends beyond its budget");
+    for b in &run.chain_budgets {
+        if b.continuations == 0 && b.spent.is_empty() {
+            continue;
+        }
+        v.exercised += 1;
+        let chain = short(&b.chain);
+        if b.continuations > b.hop_budget {
+            v.violations.push(format!(
+                "chain {chain} made {} hops, past its hop budget of {}",
+                b.continuations, b.hop_budget
+            ));
+        }
+        if b.deepest > b.depth_limit {
+            v.violations.push(format!(
+                "chain {chain} reached depth {}, past its depth limit of {}",
+                b.deepest, b.depth_limit
+            ));
+        }
+        for (unit, spent) in &b.spent {
+            if let Some(limit) = b.limits.get(unit)
+                && spent > limit
+            {
+                v.violations.push(format!(
+                    "chain {chain} spent {} {unit}, past its limit of {}",
+                    whole(*spent),
+                    whole(*limit)
+                ));
+            }
+        }
+    }
+    v
+}
+
+/// An amount in millionths as a number: `1200`, `0.05`.
+fn whole(millionths: i64) -> String {
+    let (units, frac) = (millionths / 1_000_000, (millionths % 1_000_000).abs());
+    if frac == 0 {
+        units.to_string()
+    } else {
+        format!("{units}.{}", format!("{frac:06}").trim_end_matches('0'))
+    }
 }
 
 /// How long after a cancel a write that was already on its way may arrive.
@@ -908,7 +976,10 @@ pub fn held(run: &Run) -> Verdict {
 
 #[cfg(test)]
 mod tests {
-    use super::{DeliveryRow, EventRow, HoldRow, Run, WriteRow, g3_never_interrupt, held};
+    use super::{
+        ChainBudgetRow, DeliveryRow, EventRow, HoldRow, Run, WriteRow, budgets, g3_never_interrupt,
+        held,
+    };
     use crate::agent::Received;
     use std::time::Duration;
 
@@ -999,6 +1070,39 @@ mod tests {
         assert!(
             held(&reserved_at(50)).violations.is_empty(),
             "before the block"
+        );
+    }
+
+    #[test]
+    fn a_chain_past_its_budget_is_caught_by_budgets() {
+        let at_limit = ChainBudgetRow {
+            chain: "c1".to_owned(),
+            hop_budget: 2,
+            depth_limit: 8,
+            continuations: 2,
+            deepest: 2,
+            limits: [("tokens".to_owned(), 1_000_000_000)].into(),
+            spent: [("tokens".to_owned(), 1_000_000_000)].into(),
+        };
+        let mut run = Run {
+            chain_budgets: vec![at_limit.clone()],
+            ..Run::default()
+        };
+        let v = budgets(&run);
+        assert!(v.violations.is_empty() && v.exercised == 1, "{v:?}");
+        run.chain_budgets[0]
+            .spent
+            .insert("tokens".to_owned(), 1_000_500_000);
+        run.chain_budgets[0].continuations = 3;
+        run.chain_budgets[0].deepest = 9;
+        let v = budgets(&run);
+        assert_eq!(
+            v.violations,
+            [
+                "chain c1 made 3 hops, past its hop budget of 2",
+                "chain c1 reached depth 9, past its depth limit of 8",
+                "chain c1 spent 1000.5 tokens, past its limit of 1000",
+            ],
         );
     }
 }

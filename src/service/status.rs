@@ -205,6 +205,54 @@ pub struct Board {
     /// Open dead letters by reason, and the newest of them.
     pub dead_counts: Vec<(String, i64)>,
     pub dead_letters: Vec<crate::store::DeadLetterRow>,
+    /// The chains in flight (SPEC §8.2): those stopped for a person, then those of the
+    /// deliveries on their way, each once, at most `CHAINS_SHOWN`.
+    pub chains: Vec<ChainInFlight>,
+}
+
+/// A chain in flight, with what its first message asked (its title, or its body on one line).
+#[derive(Clone, Debug, Serialize)]
+pub struct ChainInFlight {
+    pub chain: ChainRow,
+    pub first: String,
+}
+
+/// How many chains in flight the page lists.
+pub const CHAINS_SHOWN: usize = 20;
+
+/// The chains in flight: the stopped ones first, then the chains of the deliveries on their
+/// way or queued (the overview's lists, newest first), each once.
+fn chains_in_flight(
+    tx: &crate::store::Tx<'_>,
+    overview: &Overview,
+    stopped: &[ChainRow],
+) -> std::result::Result<Vec<ChainInFlight>, StoreError> {
+    let mut seen = std::collections::HashSet::new();
+    let mut out: Vec<ChainRow> = Vec::new();
+    for c in stopped {
+        if out.len() < CHAINS_SHOWN && seen.insert(c.id.clone()) {
+            out.push(c.clone());
+        }
+    }
+    for d in overview.in_flight.iter().chain(&overview.queued) {
+        if out.len() >= CHAINS_SHOWN {
+            break;
+        }
+        if let Some(c) = tx.chain_of_message(&d.id)?
+            && seen.insert(c.id.clone())
+        {
+            out.push(c);
+        }
+    }
+    out.into_iter()
+        .map(|chain| {
+            let first = tx.message(&chain.id)?.map_or_else(String::new, |m| {
+                m.title
+                    .unwrap_or_else(|| crate::text::one_line(&m.body, 140))
+            });
+            Ok(ChainInFlight { chain, first })
+        })
+        .collect()
 }
 
 /// Why a person should look at a delivery, in plain words.
@@ -314,6 +362,7 @@ impl Service {
             let (stopped, stopped_total) = tx.stopped_chains(20)?;
             let dead_counts = tx.dead_letter_counts()?;
             let dead_letters = tx.dead_letters(false, 20)?;
+            let chains = chains_in_flight(tx, &overview, &stopped)?;
             let open_work = tx.newest_open_work(None, 100)?;
             // Every piece of work: the metrics' histograms count all of it (so they only
             // grow), the page's chart shows the newest.
@@ -436,6 +485,7 @@ impl Service {
                 overview,
                 dead_counts,
                 dead_letters,
+                chains,
             })
         })
     }

@@ -18,7 +18,7 @@ mod render;
 pub use render::build;
 use render::plain_event;
 
-use crate::service::status::{Attention, Board, median};
+use crate::service::status::{Attention, Board, ChainInFlight, median};
 use crate::service::{DeliveryView, Service, ServiceError};
 use axum::Router;
 use axum::body::Bytes;
@@ -479,12 +479,7 @@ async fn spend(
         Ok(r) => r,
         Err(refused) => return refused,
     };
-    let units = req
-        .units
-        .iter()
-        .map(|(u, n)| format!("{u}={n}"))
-        .collect::<Vec<_>>()
-        .join(",");
+    let units = units_text(&req.units);
     let state = s.clone();
     let out = tokio::task::spawn_blocking(move || {
         let mut svc = state
@@ -516,6 +511,18 @@ struct SendBody {
     title: Option<String>,
     key: Option<String>,
     due_minutes: Option<i64>,
+    /// The budget of the chain this send starts: unit → limit, e.g. {"hops": 6,
+    /// "tokens": 200000} (`send --budget`).
+    budget: Option<std::collections::BTreeMap<String, f64>>,
+}
+
+/// Units as the service reads them: `tokens=1200,usd=0.04`.
+fn units_text(units: &std::collections::BTreeMap<String, f64>) -> String {
+    units
+        .iter()
+        .map(|(u, n)| format!("{u}={n}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// A write's JSON body, once its token and content type are right: otherwise the response
@@ -593,13 +600,18 @@ async fn send(
             .service
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        svc.send(
+        let lineage = crate::service::Lineage {
+            budget: req.budget.as_ref().map(units_text),
+            ..Default::default()
+        };
+        svc.send_as(
             &req.from,
             &req.to,
             &req.message,
             req.title.as_deref(),
             req.due_minutes,
             req.key.as_deref(),
+            &lineage,
         )
     })
     .await;

@@ -3,8 +3,8 @@
 //! metrics text. Rendering only: every state, reason and total is decided in `service`.
 
 use super::{
-    Attention, Board, Bytes, DeliveryView, LIST_LIMIT, Service, ServiceError, Snapshot, StateKind,
-    TIMING_SAMPLES, Value, WebOptions, json, median,
+    Attention, Board, Bytes, ChainInFlight, DeliveryView, LIST_LIMIT, Service, ServiceError,
+    Snapshot, StateKind, TIMING_SAMPLES, Value, WebOptions, json, median,
 };
 
 pub(super) fn plain_event(kind: &str) -> &'static str {
@@ -159,6 +159,13 @@ pub(super) fn status_json(b: &Board, public: bool) -> Value {
             "accept_to_return_p50_ms": median(&t.accept_to_return_ms),
         },
         "last_event_id": b.last_event_seq,
+        "chains": b.chains.iter().map(|ChainInFlight { chain: c, first }| json!({
+            "id": c.id, "first": first, "origin": c.origin, "state": c.state,
+            "hops": c.hops, "hop_budget": c.hop_budget, "depth_limit": c.depth_limit,
+            "units": c.units.lines.iter().map(|(u, l)| (u.clone(), json!({"spent": l.spent, "limit": l.limit}))).collect::<serde_json::Map<_, _>>(),
+            "stopped_reason": if public { None } else { c.stopped_reason.as_deref() },
+            "created_at": c.created_at, "updated_at": c.updated_at,
+        })).collect::<Vec<_>>(),
         "dead_letters": {
             "counts": b.dead_counts.iter().map(|(r, n)| (r.clone(), json!(n))).collect::<serde_json::Map<_, _>>(),
             "newest": b.dead_letters.iter().map(|d| json!({
