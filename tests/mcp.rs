@@ -954,3 +954,86 @@ async fn errors_name_the_tools_fields_not_cli_flags() {
         assert!(!text.contains("--"), "{args} names a CLI flag: {text}");
     }
 }
+
+/// Two MCP agents play ping-pong: each waits for the handoff (`wait_for_messages`), reads it
+/// and answers it with one to the other in the same chain (`parent`), until the chain's hop
+/// budget stops them: exactly the budget's continuations, the next send refused, the chain in
+/// `needs_human`, and one notification in the origin's inbox however often they try again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_mcp_agents_ping_pong_until_the_budget_stops_them() {
+    let (w, root) = world();
+    let agents = [
+        ("alice", connect(server(&w, "alice", &root, None)).await),
+        ("bob", connect(server(&w, "bob", &root, None)).await),
+    ];
+    let budget = 4;
+    let first = ok(&call(
+        &agents[0].1,
+        "send_handoff",
+        json!({"to": "bob", "message": "serve", "budget": format!("hops={budget}")}),
+    )
+    .await);
+    let chain = first["chain_id"].as_str().expect("chain").to_owned();
+    let mut last = first["id"].as_str().expect("id").to_owned();
+    let mut turn = 1; // bob answers first
+    let mut passed = 0;
+    let refusal = loop {
+        let (me, client) = (&agents[turn].0, &agents[turn].1);
+        let other = agents[1 - turn].0;
+        let woke = ok(&call(client, "wait_for_messages", json!({"timeout_seconds": 10})).await);
+        assert_eq!(woke["timed_out"], json!(false), "{me}: {woke}");
+        assert!(
+            woke["messages"]
+                .as_array()
+                .is_some_and(|l| l.iter().any(|m| m["id"] == last.as_str())),
+            "{me} woke for the handoff: {woke}"
+        );
+        ok(&call(client, "read_message", json!({"id": last})).await);
+        let r = call(
+            client,
+            "send_handoff",
+            json!({"to": other, "message": format!("return {passed}"), "parent": last}),
+        )
+        .await;
+        if r.is_error == Some(true) {
+            break err_text(&r);
+        }
+        let sent = ok(&r);
+        passed += 1;
+        assert_eq!(sent["chain_id"], json!(chain), "{sent}");
+        assert_eq!(sent["hop"], json!(passed), "{sent}");
+        last = sent["id"].as_str().expect("id").to_owned();
+        turn = 1 - turn;
+        if passed > budget + 2 {
+            break String::new();
+        }
+    };
+    assert_eq!(
+        passed, budget,
+        "chains: the MCP ping-pong ran past its hop budget of {budget}"
+    );
+    assert!(
+        refusal.contains(&format!("hop budget {budget} spent")),
+        "{refusal}"
+    );
+    // Trying again is refused too, and tells nobody again.
+    let (_, client) = &agents[turn];
+    let again = call(
+        client,
+        "send_handoff",
+        json!({"to": agents[1 - turn].0, "message": "once more", "parent": last}),
+    )
+    .await;
+    assert!(err_text(&again).contains("waits for a person"), "{again:?}");
+    let c = w.json(&["chain", "show", &chain]);
+    assert_eq!(c["chain"]["state"], "needs_human", "{c}");
+    assert_eq!(c["chain"]["hops"], json!(budget), "{c}");
+    let inbox = ok(&call(&agents[0].1, "inbox", json!({"unread_only": false})).await);
+    let stops: Vec<&Value> = inbox["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .filter(|m| m["title"].as_str().is_some_and(|t| t.contains("stopped")))
+        .collect();
+    assert_eq!(stops.len(), 1, "one notification to the origin: {inbox}");
+}
