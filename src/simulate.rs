@@ -1048,60 +1048,74 @@ async fn driver(
             break;
         }
         holds_due(&mut svc, names, &mut planned, person)?;
-        // Recipients read some of the plain handoffs that reached them; senders close some
-        // of the work returned to them.
-        for name in names {
-            for m in svc.inbox(name, false, 100)? {
-                let delivered = svc
-                    .store_mut()
-                    .read(|tx| tx.delivery(&m.id))?
-                    .is_some_and(|d| d.record.kind() == StateKind::Returned);
-                if m.work_id.is_none() && delivered && rng.random_bool(0.5) {
-                    svc.read(&m.id, name)?;
-                    note(trace, "driver", format!("{name} reads {}", short(&m.id)));
-                }
+        tend(&mut svc, names, &mut rng, &mut returned, trace)?;
+    }
+    Ok(())
+}
+
+/// What people do once a minute after the sends: recipients read some of the plain handoffs
+/// that reached them, recipients return some delivered work, senders close some of the work
+/// returned to them.
+fn tend(
+    svc: &mut Service,
+    names: &[String],
+    rng: &mut ChaCha8Rng,
+    returned: &mut Vec<(String, String)>,
+    trace: &Trace,
+) -> Result<(), Box<dyn std::error::Error>> {
+    // Recipients read some of the plain handoffs that reached them; senders close some
+    // of the work returned to them.
+    for name in names {
+        for m in svc.inbox(name, false, 100)? {
+            let delivered = svc
+                .store_mut()
+                .read(|tx| tx.delivery(&m.id))?
+                .is_some_and(|d| d.record.kind() == StateKind::Returned);
+            if m.work_id.is_none() && delivered && rng.random_bool(0.5) {
+                svc.read(&m.id, name)?;
+                note(trace, "driver", format!("{name} reads {}", short(&m.id)));
             }
         }
-        let mut kept = Vec::new();
-        for (id, sender) in returned.drain(..) {
-            if rng.random_bool(0.5) {
-                match svc.close(&id, &sender, crate::service::Outcome::Accepted, None) {
-                    Ok(_) => note(trace, "driver", format!("{sender} closes {}", short(&id))),
-                    Err(e) => note(trace, "driver", format!("close refused: {e}")),
-                }
-            } else {
-                kept.push((id, sender));
+    }
+    let mut kept = Vec::new();
+    for (id, sender) in returned.drain(..) {
+        if rng.random_bool(0.5) {
+            match svc.close(&id, &sender, crate::service::Outcome::Accepted, None) {
+                Ok(_) => note(trace, "driver", format!("{sender} closes {}", short(&id))),
+                Err(e) => note(trace, "driver", format!("close refused: {e}")),
+            }
+        } else {
+            kept.push((id, sender));
+        }
+    }
+    *returned = kept;
+    let done = svc.store_mut().read(|tx| {
+        let mut out = Vec::new();
+        for w in tx.open_work(1_000)? {
+            if w.state.is_open()
+                && let Some(d) = tx.delivery(&w.id)?
+                && d.record.kind() == StateKind::Returned
+            {
+                out.push((w.id.clone(), w.recipient.clone(), w.sender.clone()));
             }
         }
-        returned = kept;
-        let done = svc.store_mut().read(|tx| {
-            let mut out = Vec::new();
-            for w in tx.open_work(1_000)? {
-                if w.state.is_open()
-                    && let Some(d) = tx.delivery(&w.id)?
-                    && d.record.kind() == StateKind::Returned
-                {
-                    out.push((w.id.clone(), w.recipient.clone(), w.sender.clone()));
-                }
+        Ok::<_, crate::store::StoreError>(out)
+    })?;
+    for (id, recipient, sender) in done {
+        if !rng.random_bool(0.7) {
+            continue;
+        }
+        let _ = svc.accept(&id, &recipient);
+        match svc.return_work(&id, &recipient, "done (simulated)", None, false) {
+            Ok(_) => {
+                note(
+                    trace,
+                    "driver",
+                    format!("{recipient} returns {}", short(&id)),
+                );
+                returned.push((id, sender));
             }
-            Ok::<_, crate::store::StoreError>(out)
-        })?;
-        for (id, recipient, sender) in done {
-            if !rng.random_bool(0.7) {
-                continue;
-            }
-            let _ = svc.accept(&id, &recipient);
-            match svc.return_work(&id, &recipient, "done (simulated)", None, false) {
-                Ok(_) => {
-                    note(
-                        trace,
-                        "driver",
-                        format!("{recipient} returns {}", short(&id)),
-                    );
-                    returned.push((id, sender));
-                }
-                Err(e) => note(trace, "driver", format!("return refused: {e}")),
-            }
+            Err(e) => note(trace, "driver", format!("return refused: {e}")),
         }
     }
     Ok(())
