@@ -115,6 +115,10 @@ fn a_ping_pong_stops_at_exactly_its_hop_budget() {
         .map(|m| (m["id"].as_str().unwrap(), m))
         .collect();
     for m in c["messages"].as_array().unwrap() {
+        if m["intent"] == "notification" {
+            assert_eq!(m["sender"], "handoffs", "told by handoffs itself: {m:#}");
+            continue;
+        }
         if let Some(p) = m["parent_id"].as_str() {
             assert_eq!(
                 m["hop"].as_i64(),
@@ -127,6 +131,9 @@ fn a_ping_pong_stops_at_exactly_its_hop_budget() {
             );
         }
     }
+    // Nobody can register as the one that tells.
+    let out = w.run(&["agent", "add", "handoffs", "--provider", "demo"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
     // The inbox of the origin shows it, and it never became a turn.
     let inbox = w.ok(&["inbox", "b"]);
     assert!(inbox.contains("stopped"), "{inbox}");

@@ -956,9 +956,11 @@ async fn errors_name_the_tools_fields_not_cli_flags() {
 }
 
 /// Two MCP agents play ping-pong: each waits for the handoff (`wait_for_messages`), reads it
-/// and answers it with one to the other in the same chain (`parent`), until the chain's hop
-/// budget stops them: exactly the budget's continuations, the next send refused, the chain in
-/// `needs_human`, and one notification in the origin's inbox however often they try again.
+/// and answers it with one to the other, naming no parent: the session's read handoff is the
+/// parent, so the answers continue the chain until its hop budget stops them: exactly the
+/// budget's continuations, the next send refused, the chain in `needs_human`, one
+/// notification in the origin's inbox however often they try again, and the session's wait
+/// tells the stop once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_mcp_agents_ping_pong_until_the_budget_stops_them() {
     let (w, root) = world();
@@ -992,7 +994,7 @@ async fn two_mcp_agents_ping_pong_until_the_budget_stops_them() {
         let r = call(
             client,
             "send_handoff",
-            json!({"to": other, "message": format!("return {passed}"), "parent": last}),
+            json!({"to": other, "message": format!("return {passed}")}),
         )
         .await;
         if r.is_error == Some(true) {
@@ -1021,10 +1023,36 @@ async fn two_mcp_agents_ping_pong_until_the_budget_stops_them() {
     let again = call(
         client,
         "send_handoff",
-        json!({"to": agents[1 - turn].0, "message": "once more", "parent": last}),
+        json!({"to": agents[1 - turn].0, "message": "once more"}),
     )
     .await;
     assert!(err_text(&again).contains("waits for a person"), "{again:?}");
+    // The session's wait says once that the chain of its work is spent, then waits for
+    // mail: an agent that loops on it does not spin.
+    let told = ok(&call(client, "wait_for_messages", json!({"timeout_seconds": 5})).await);
+    assert_eq!(told["woke"], "budget_spent", "{told}");
+    let quiet = ok(&call(client, "wait_for_messages", json!({"timeout_seconds": 1})).await);
+    assert_eq!(quiet["woke"], "timeout", "{quiet}");
+    // A send with a budget of its own starts a new chain, whatever the session read.
+    let fresh = ok(&call(
+        client,
+        "send_handoff",
+        json!({"to": agents[1 - turn].0, "message": "a new plan", "budget": "hops=1"}),
+    )
+    .await);
+    assert_eq!(fresh["hop"], 0, "{fresh}");
+    assert_eq!(fresh["chain_id"], fresh["id"], "{fresh}");
+    // Units are names, never text that smuggles in another unit.
+    let smuggled = call(
+        client,
+        "spend_budget",
+        json!({"units": {"tokens=1,usd": 2}, "parent": fresh["id"]}),
+    )
+    .await;
+    assert!(
+        err_text(&smuggled).contains("not a unit name"),
+        "{smuggled:?}"
+    );
     let c = w.json(&["chain", "show", &chain]);
     assert_eq!(c["chain"]["state"], "needs_human", "{c}");
     assert_eq!(c["chain"]["hops"], json!(budget), "{c}");
@@ -1036,4 +1064,8 @@ async fn two_mcp_agents_ping_pong_until_the_budget_stops_them() {
         .filter(|m| m["title"].as_str().is_some_and(|t| t.contains("stopped")))
         .collect();
     assert_eq!(stops.len(), 1, "one notification to the origin: {inbox}");
+    assert_eq!(
+        stops[0]["from"], "handoffs",
+        "told by handoffs itself: {inbox}"
+    );
 }

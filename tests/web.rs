@@ -529,19 +529,21 @@ async fn chains_in_flight_show_with_their_budgets() {
         &root,
     ]);
     id(w.json(&["send", "writer", "planner", "a question", "--parent", &root]));
+    // Cancelled before anything was written: nothing of it is on its way any more.
+    let gone = id(w.json(&["send", "planner", "writer", "never mind"]));
+    w.ok(&["chain", "cancel", &gone]);
+    // Stopped last: a snapshot that shows it stopped has seen everything before.
     let stopped = id(w.json(&["send", "planner", "writer", "other", "--budget", "tokens=1"]));
     let out = w.run(&[
         "chain", "spend", "tokens=2", "--as", "writer", "--parent", &stopped,
     ]);
     assert_eq!(out.status.code(), Some(1), "{out:?}");
-    // Cancelled before anything was written: nothing of it is on its way any more.
-    let gone = id(w.json(&["send", "planner", "writer", "never mind"]));
-    w.ok(&["chain", "cancel", &gone]);
     let mut chains = Vec::new();
     for _ in 0..50 {
         let (_, v) = get(&app, "/api/status").await;
         chains = v["chains"].as_array().cloned().unwrap_or_default();
-        if chains.len() == 2 {
+        // The snapshot is rebuilt after the commands: wait for one that has seen them all.
+        if chains.len() == 2 && chains[0]["state"] == "needs_human" {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
@@ -641,7 +643,22 @@ async fn a_spend_over_http_needs_the_token_and_stops_at_the_limit() {
             .is_some_and(|e| e.contains("budget usd=1 spent: 0.6 used, 0.6 more asked")),
         "{v}"
     );
+    // A request id that names no run of the agent's is refused, never charged to whatever
+    // the agent happens to work on.
+    let (s, v) = post(
+        Some(app.token.clone()),
+        json!({"agent": "writer", "units": {"usd": 0.1}, "request_id": "nope"}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("working in no chain")),
+        "{v}"
+    );
     for bad in [
+        json!({"agent": "writer", "units": {"tokens=1,usd": 2}, "parent": root}),
         json!({"agent": "writer", "units": {"usd": -1}, "parent": root}),
         json!({"agent": "writer", "units": "usd=1", "parent": root}),
         json!({"agent": "writer", "units": {"usd": 1}, "from": "x"}),

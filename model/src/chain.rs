@@ -131,6 +131,37 @@ pub fn parse_amounts(text: &str) -> Result<Vec<(String, Amount)>, String> {
     Ok(out.into_iter().collect())
 }
 
+/// Units given as JSON numbers (`{"tokens": 1200, "usd": 0.1}`, from MCP or HTTP) as the
+/// text `parse_amounts` reads, each name checked and each number rounded to millionths (so
+/// a float sum such as 0.30000000000000004 is 0.3, never "more than six decimals").
+pub fn units_from_numbers<'a>(
+    units: impl IntoIterator<Item = (&'a str, f64)>,
+) -> Result<String, String> {
+    let mut parts = Vec::new();
+    for (unit, n) in units {
+        check_unit(unit)?;
+        if !n.is_finite() || n < 0.0 {
+            return Err(format!(
+                "{unit}: {n} is not an amount: give a number of 0 or more"
+            ));
+        }
+        let m = (n * 1e6).round();
+        #[allow(clippy::cast_precision_loss)] // 10^18 is exact enough to compare against
+        let max = Amount::MAX.0 as f64;
+        if m > max {
+            return Err(format!(
+                "{unit}: {n} is more than a budget may hold (10^12)"
+            ));
+        }
+        #[allow(clippy::cast_possible_truncation)] // finite, 0 ≤ m ≤ 10^18
+        parts.push(format!("{unit}={}", Amount(m as i64)));
+    }
+    if parts.is_empty() {
+        return Err("give at least one unit, e.g. {\"tokens\": 1200}".to_owned());
+    }
+    Ok(parts.join(","))
+}
+
 /// One unit of a budget: its limit (none: only counted) and what was spent.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct Line {
@@ -445,6 +476,23 @@ mod tests {
 
     fn units(s: &str) -> Vec<(String, Amount)> {
         parse_amounts(s).unwrap()
+    }
+
+    #[test]
+    fn units_from_json_numbers_are_checked_and_rounded_to_millionths() {
+        assert_eq!(
+            units_from_numbers([("tokens", 1200.0), ("usd", 0.1 + 0.2)]),
+            Ok("tokens=1200,usd=0.3".to_owned())
+        );
+        for bad in [
+            vec![("tokens=1,usd", 2.0)],
+            vec![("tokens", -1.0)],
+            vec![("tokens", f64::NAN)],
+            vec![("tokens", 1e13)],
+            vec![],
+        ] {
+            assert!(units_from_numbers(bad.clone()).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

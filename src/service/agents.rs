@@ -57,6 +57,11 @@ impl Service {
         settings: &[(String, Value)],
     ) -> Result<AgentAdded> {
         check_agent_id(id)?;
+        if id == super::SYSTEM_SENDER {
+            return usage(format!(
+                "{id:?} is the sender of what handoffs itself tells agents: pick another id"
+            ));
+        }
         let provider = provider.map(parse_provider).transpose()?;
         if let Some(n) = name {
             check_len("name", n, ID_CHARS_MAX)?;

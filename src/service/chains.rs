@@ -23,6 +23,10 @@ pub struct Lineage {
     /// A new chain's budget, `hops=N[,UNIT=N…]` (`send --budget`): only for a send that
     /// starts a chain.
     pub budget: Option<String>,
+    /// The handoff the sender's session last took up (an MCP session's `read_message` or
+    /// `accept_work` of a handoff sent to it): the parent when no turn of the agent is under
+    /// way, so an agent that pulls its mail and answers it continues the chain it answers.
+    pub session: Option<String>,
 }
 
 /// The most hops a chain's budget may be given, and the deepest limit.
@@ -66,10 +70,20 @@ pub(super) fn parent_of(tx: &Tx<'_>, from: &str, lineage: &Lineage) -> Result<Op
         None if lineage.in_turn => tx.message_in_turn(from)?,
         None => None,
     };
-    let Some(id) = id else {
+    if let Some(id) = id {
+        return Ok(tx.message(&id)?);
+    }
+    session_work(tx, from, lineage.session.as_deref())
+}
+
+/// The handoff `agent`'s session took up, if it is still one sent to `agent`.
+fn session_work(tx: &Tx<'_>, agent: &str, session: Option<&str>) -> Result<Option<MessageRow>> {
+    let Some(id) = session else {
         return Ok(None);
     };
-    Ok(tx.message(&id)?)
+    Ok(tx
+        .message(id)?
+        .filter(|m| m.recipient == agent && m.intent == "handoff"))
 }
 
 /// The chain `parent` belongs to; an older chain without a row gets one now, with the
@@ -190,7 +204,8 @@ pub(super) fn place(
 
 /// Takes the rules' `decision` for `chain` (already applied to `rules`) into the store: a
 /// spend or hop allowed is kept; a stop is kept with one notification to the chain's origin
-/// (from `from`, in the chain, below `at_message`); a refusal changes nothing. `Err` is the
+/// (from `handoffs`, naming `from`, in the chain, below `at_message`); a refusal changes
+/// nothing. `Err` is the
 /// refusal to give after the transaction commits.
 fn decided(
     tx: &Tx<'_>,
@@ -247,13 +262,13 @@ fn decided(
             )?;
             let resume = resume(stop.lifted_by());
             let body = format!(
-                "Chain {} stopped: {reason}. Nothing more is sent or spent in it until a \
-                 person looks: {resume}.",
+                "Chain {} stopped at a send or spend of {from}'s: {reason}. Nothing more is \
+                 sent or spent in it until a person looks: {resume}.",
                 chain.id
             );
             let note = MessageRow {
                 id: crate::clock::new_id(),
-                sender: from.to_owned(),
+                sender: super::SYSTEM_SENDER.to_owned(),
                 recipient: chain.origin.clone(),
                 body_hash: body_hash(&body),
                 body,
@@ -675,7 +690,7 @@ fn notify(
     );
     let note = MessageRow {
         id: crate::clock::new_id(),
-        sender: chain.origin.clone(),
+        sender: super::SYSTEM_SENDER.to_owned(),
         recipient: agent.to_owned(),
         body_hash: body_hash(&body),
         body,
@@ -718,24 +733,34 @@ pub struct Woken {
 
 impl Service {
     /// One look for a waiting `agent`: its unread messages, and the chain of the turn it is
-    /// working on (its active delivery) when that chain was cancelled or stopped. `None`:
-    /// nothing yet.
-    pub fn wake_look(&mut self, agent: &str) -> Result<Option<Woken>> {
+    /// working on (its active delivery, else the handoff its session took up, `session`)
+    /// when that chain was cancelled or stopped at or after `since` (ms: 0 for any time; an
+    /// MCP session passes the moment after the last such change it reported, so a wait in
+    /// a loop is woken once by each). `None`: nothing yet.
+    pub fn wake_look(
+        &mut self,
+        agent: &str,
+        session: Option<&str>,
+        since: i64,
+    ) -> Result<Option<Woken>> {
         let (turn, chain) =
             self.store
                 .read(|tx| -> Result<(Option<String>, Option<ChainRow>)> {
-                    let Some(id) = tx.message_in_turn(agent)? else {
+                    let m = match tx.message_in_turn(agent)? {
+                        Some(id) => tx.message(&id)?,
+                        None => session_work(tx, agent, session)?,
+                    };
+                    let Some(m) = m else {
                         return Ok((None, None));
                     };
-                    let Some(m) = tx.message(&id)? else {
-                        return Ok((Some(id), None));
-                    };
+                    let id = m.id.clone();
                     let chain_id = if m.chain_id.is_empty() {
                         m.id
                     } else {
                         m.chain_id
                     };
-                    Ok((Some(id), tx.chain(&chain_id)?))
+                    let chain = tx.chain(&chain_id)?.filter(|c| c.updated_at >= since);
+                    Ok((Some(id), chain))
                 })?;
         // The message the turn is working on is no news.
         let messages: Vec<MessageRow> = self

@@ -232,6 +232,7 @@ impl Service {
                 request_id: None,
                 in_turn: false,
                 budget: None,
+                session: None,
             };
             let draft = Draft {
                 from: &dead.sender,

@@ -117,6 +117,10 @@ pub struct DeliveryDetail {
 }
 
 /// Checks an agent id: `[A-Za-z0-9._-]{1,64}`.
+/// The sender of what `handoffs` itself tells an agent (a chain stopped or cancelled): no
+/// agent, so never an agent to itself; no agent may be registered under it.
+pub const SYSTEM_SENDER: &str = "handoffs";
+
 pub fn check_agent_id(id: &str) -> Result<()> {
     let ok = !id.is_empty()
         && id.len() <= 64

@@ -377,6 +377,7 @@ fn send_cmd(cli: &Cli, a: &SendArgs) -> Result<(), Failure> {
         in_turn: request_id.is_some(),
         request_id,
         budget: a.budget.clone(),
+        session: None,
     };
     s.set_policy(policy_from_env()?);
     let sent = s.send_as(
@@ -483,6 +484,7 @@ fn chain_cmd(cli: &Cli, cmd: &args::ChainCmd) -> Result<(), Failure> {
                 in_turn: request_id.is_some(),
                 request_id,
                 budget: None,
+                session: None,
             };
             let spent = s.chain_spend(agent, units, &lineage)?;
             emit(cli, &spent, || {
@@ -660,8 +662,9 @@ fn wait_cmd(cli: &Cli, agent: &str, secs: u64) -> Result<(), Failure> {
             message: format!("cannot start the wait: {e}"),
         })?;
     let changes = crate::service::Changes::watch(&db);
+    // One process, one wait: a chain stopped or cancelled at any time is news.
     let woken = rt.block_on(crate::service::changes::wait_until(
-        || s.wake_look(agent),
+        || s.wake_look(agent, None, 0),
         changes.as_ref().map(crate::service::Changes::subscribe),
         tokio::time::Instant::now() + std::time::Duration::from_secs(secs),
         std::future::pending(),

@@ -131,6 +131,12 @@ struct Inner {
     /// The engine's last verdict (a warning, or none when it is delivering) and until when it
     /// holds (ms).
     engine_verdict: Mutex<Option<(i64, Option<String>)>>,
+    /// The handoff this session last took up (read or accepted): the chain its sends and
+    /// spends continue when no turn of the agent is under way (SPEC §8.2 lineage).
+    session_work: Mutex<Option<String>>,
+    /// The moment after the last stop or cancel of its turn's chain a wait reported: each
+    /// wakes this session's waits once.
+    chain_seen: Mutex<i64>,
 }
 
 impl std::fmt::Debug for McpServer {
@@ -180,6 +186,8 @@ impl McpServer {
                 changes: OnceLock::new(),
                 warnings: Mutex::new(Vec::new()),
                 engine_verdict: Mutex::new(None),
+                session_work: Mutex::new(None),
+                chain_seen: Mutex::new(0),
             }),
             channels: false,
         })
@@ -208,6 +216,24 @@ impl McpServer {
                 .map(|d| d.tool.clone())
                 .collect()
         })
+    }
+
+    /// The handoff this session last took up, if any.
+    pub(crate) fn session_work(&self) -> Option<String> {
+        self.inner
+            .session_work
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The session takes up handoff `id` (it read or accepted it).
+    pub(crate) fn take_up(&self, id: &str) {
+        *self
+            .inner
+            .session_work
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(id.to_owned());
     }
 
     fn service(&self) -> std::sync::MutexGuard<'_, Service> {
@@ -416,8 +442,17 @@ impl McpServer {
             )));
         }
         let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+        let session = self.session_work();
+        let since = *self
+            .inner
+            .chain_seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let woken = crate::service::changes::wait_until(
-            || self.service().wake_look(&self.inner.agent),
+            || {
+                self.service()
+                    .wake_look(&self.inner.agent, session.as_deref(), since)
+            },
             self.watch(),
             deadline,
             ct.cancelled(),
@@ -435,6 +470,11 @@ impl McpServer {
                     "messages": w.messages.iter().map(summary_of).collect::<Vec<_>>(),
                 });
                 if let Some(c) = &w.chain {
+                    *self
+                        .inner
+                        .chain_seen
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = c.updated_at + 1;
                     v["chain"] = json!({
                         "id": c.id, "state": c.state, "reason": c.stopped_reason,
                         "hops": c.hops, "hop_budget": c.hop_budget,

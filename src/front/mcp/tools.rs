@@ -479,7 +479,7 @@ fn message_tools() -> Vec<ToolDef> {
             Idempotent,
             "Accept work given to you.",
             work(),
-            |s, me, a| Ok(json!({ "work": s.service().accept(&a.id, me)? })),
+            accept_work,
         ),
         entry::<ReturnArgs>(
             "return_work",
@@ -763,12 +763,15 @@ fn context_entries() -> Vec<ToolDef> {
 // ----- handlers -----
 
 fn send_handoff(s: &McpServer, me: &str, a: &SendArgs) -> ToolResult {
-    // The MCP session is the agent's own: a send during its turn continues that turn's chain.
+    // The MCP session is the agent's own: a send during its turn continues that turn's chain,
+    // and so does an answer to the handoff the session last read or accepted (a send with a
+    // budget starts a chain of its own, unless `parent` names one).
     let lineage = crate::service::Lineage {
         parent: a.parent.clone(),
         request_id: None,
         in_turn: true,
         budget: a.budget.clone(),
+        session: a.budget.is_none().then(|| s.session_work()).flatten(),
     };
     let sent = s.service().send_as(
         me,
@@ -795,22 +798,19 @@ fn send_handoff(s: &McpServer, me: &str, a: &SendArgs) -> ToolResult {
 }
 
 fn spend_budget(s: &McpServer, me: &str, a: &SpendArgs) -> ToolResult {
-    let units = a
-        .units
-        .iter()
-        .map(|(u, n)| format!("{u}={n}"))
-        .collect::<Vec<_>>()
-        .join(",");
-    if units.is_empty() {
+    if a.units.is_empty() {
         return Err(ToolError(
             "units is empty: give what was spent, e.g. {\"tokens\": 1200}".to_owned(),
         ));
     }
+    let units = model::chain::units_from_numbers(a.units.iter().map(|(u, n)| (u.as_str(), *n)))
+        .map_err(ToolError)?;
     let lineage = crate::service::Lineage {
         parent: a.parent.clone(),
         request_id: None,
         in_turn: true,
         budget: None,
+        session: s.session_work(),
     };
     let spent = s.service().chain_spend(me, &units, &lineage)?;
     Ok(json!({
@@ -846,8 +846,17 @@ fn inbox(s: &McpServer, me: &str, a: &InboxArgs) -> ToolResult {
     Ok(json!({ "messages": msgs.iter().map(summary_of).collect::<Vec<_>>() }))
 }
 
+fn accept_work(s: &McpServer, me: &str, a: &IdArgs) -> ToolResult {
+    let w = s.service().accept(&a.id, me)?;
+    s.take_up(&w.id);
+    Ok(json!({ "work": w }))
+}
+
 fn read_message(s: &McpServer, me: &str, a: &IdArgs) -> ToolResult {
     let m = s.service().read(&a.id, me)?;
+    if m.recipient == me && m.intent == "handoff" {
+        s.take_up(&m.id);
+    }
     Ok(message_of(&m))
 }
 

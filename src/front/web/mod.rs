@@ -479,18 +479,22 @@ async fn spend(
         Ok(r) => r,
         Err(refused) => return refused,
     };
-    let units = units_text(&req.units);
+    let units = match units_text(&req.units) {
+        Ok(u) => u,
+        Err(refused) => return refused,
+    };
     let state = s.clone();
     let out = tokio::task::spawn_blocking(move || {
         let mut svc = state
             .service
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // A request id names a run of the agent's, or nothing: it never falls back to
+        // whatever the agent happens to be working on.
         let lineage = crate::service::Lineage {
             parent: req.parent.clone(),
-            in_turn: req.request_id.is_some(),
             request_id: req.request_id.clone(),
-            budget: None,
+            ..Default::default()
         };
         svc.chain_spend(&req.agent, &units, &lineage)
     })
@@ -516,13 +520,14 @@ struct SendBody {
     budget: Option<std::collections::BTreeMap<String, f64>>,
 }
 
-/// Units as the service reads them: `tokens=1200,usd=0.04`.
-fn units_text(units: &std::collections::BTreeMap<String, f64>) -> String {
-    units
-        .iter()
-        .map(|(u, n)| format!("{u}={n}"))
-        .collect::<Vec<_>>()
-        .join(",")
+/// Units as the service reads them (`tokens=1200,usd=0.04`), or the 400 that refuses them.
+#[expect(
+    clippy::result_large_err,
+    reason = "the refusal is the handler's response itself, built once per refused request"
+)]
+fn units_text(units: &std::collections::BTreeMap<String, f64>) -> Result<String, Response> {
+    model::chain::units_from_numbers(units.iter().map(|(u, n)| (u.as_str(), *n)))
+        .map_err(|e| error(StatusCode::BAD_REQUEST, e))
 }
 
 /// A write's JSON body, once its token and content type are right: otherwise the response
@@ -594,6 +599,10 @@ async fn send(
         Ok(r) => r,
         Err(refused) => return refused,
     };
+    let budget = match req.budget.as_ref().map(units_text).transpose() {
+        Ok(b) => b,
+        Err(refused) => return refused,
+    };
     let state = s.clone();
     let out = tokio::task::spawn_blocking(move || {
         let mut svc = state
@@ -601,7 +610,7 @@ async fn send(
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let lineage = crate::service::Lineage {
-            budget: req.budget.as_ref().map(units_text),
+            budget,
             ..Default::default()
         };
         svc.send_as(
