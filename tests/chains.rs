@@ -202,6 +202,14 @@ fn the_depth_limit_refuses_a_grandchild_and_tells_the_origin_once() {
     // A usage error, not a refusal.
     let out = w.run(&["chain", "resume", &root, "--add", "hops=zero"]);
     assert_eq!(out.status.code(), Some(2));
+    // Adding hops would not lift a stop on depth: refused, the chain stays stopped.
+    let out = w.run(&["chain", "resume", &root, "--add", "hops=3"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("stopped on its depth"),
+        "{out:?}"
+    );
+    assert_eq!(chain(&w, &root)["chain"]["state"], "needs_human");
     w.ok(&["chain", "resume", &root, "--add", "depth=1"]);
     w.ok(&["send", "c", "a", "grandchild", "--parent", &child]);
     let c = chain(&w, &root);

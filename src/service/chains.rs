@@ -202,6 +202,18 @@ pub(super) fn place(
     }
 }
 
+/// What stopped a chain, from its reason: `depth`, `hops` or the unit spent (what a person
+/// adds to lift it, `Stop::lifted_by`).
+pub(super) fn stopped_on(reason: &str) -> &str {
+    if reason.starts_with("depth") {
+        "depth"
+    } else if let Some(unit) = reason.strip_prefix("budget ") {
+        unit.split('=').next().unwrap_or(model::chain::HOPS)
+    } else {
+        model::chain::HOPS
+    }
+}
+
 /// Takes the rules' `decision` for `chain` (already applied to `rules`) into the store: a
 /// spend or hop allowed is kept; a stop is kept with one notification to the chain's origin
 /// (from `handoffs`, naming `from`, in the chain, below `at_message`); a refusal changes
@@ -235,13 +247,7 @@ fn decided(
         }
         Decision::Refused(_) => {
             let why = chain.stopped_reason.clone().unwrap_or_default();
-            let what = if why.starts_with("depth") {
-                "depth"
-            } else if let Some(unit) = why.strip_prefix("budget ") {
-                unit.split('=').next().unwrap_or("hops")
-            } else {
-                "hops"
-            };
+            let what = stopped_on(&why);
             Ok(Err(format!(
                 "chain {} is stopped ({why}) and waits for a person: {}",
                 chain.id,
@@ -384,6 +390,16 @@ impl Service {
                 .message(&id)?
                 .ok_or_else(|| ServiceError::NotFound(format!("no message {given:?}")))?;
             let mut chain = chain_of(tx, &m, now)?;
+            if chain.state == ChainState::NeedsHuman {
+                let on = stopped_on(chain.stopped_reason.as_deref().unwrap_or_default());
+                if !amounts.iter().any(|(u, _)| u == on) {
+                    return usage(format!(
+                        "chain {} stopped on its {on}: a resume must add to it (`--add \
+                         {on}=N`), or it would stop again at once",
+                        chain.id
+                    ));
+                }
+            }
             let mut rules = chain.rules();
             match rules.resume(&amounts) {
                 Err(ChainState::Cancelled) => {
@@ -774,7 +790,7 @@ impl Service {
                 if chain
                     .as_ref()
                     .and_then(|c| c.stopped_reason.as_deref())
-                    .is_some_and(|r| !r.starts_with("depth")) =>
+                    .is_some_and(|r| stopped_on(r) != "depth") =>
             {
                 "budget_spent"
             }

@@ -420,11 +420,7 @@ impl Service {
             }));
             attention.extend(stopped.into_iter().map(|c| {
                 let why = c.stopped_reason.as_deref().unwrap_or("stopped");
-                let add = if why.starts_with("depth") {
-                    "depth"
-                } else {
-                    "hops"
-                };
+                let add = super::chains::stopped_on(why);
                 Attention::Chain {
                     reason: format!(
                         "Chain {} from {} stopped: {why}. Nothing more is sent in it until you \
