@@ -34,10 +34,13 @@ pub enum Plant {
     WebToken,
     /// A chain's hop budget and depth limit are not checked (a ping-pong never stops).
     ChainUnchecked,
+    /// A spend reads its chain in one transaction and records the spend in another, with
+    /// work in between (concurrent spends all pass on the same stale budget).
+    SpendSplit,
 }
 
 impl Plant {
-    pub const ALL: [Plant; 12] = [
+    pub const ALL: [Plant; 13] = [
         Plant::EnrolAfterCommit,
         Plant::NoSyncBeforeWrite,
         Plant::ResumeBesideLive,
@@ -50,6 +53,7 @@ impl Plant {
         Plant::WebXss,
         Plant::WebToken,
         Plant::ChainUnchecked,
+        Plant::SpendSplit,
     ];
 
     /// Its name in `HANDOFFS_PLANT`.
@@ -67,6 +71,7 @@ impl Plant {
             Plant::WebXss => "web_xss",
             Plant::WebToken => "web_token",
             Plant::ChainUnchecked => "chain_unchecked",
+            Plant::SpendSplit => "spend_split",
         }
     }
 }

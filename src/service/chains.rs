@@ -464,6 +464,11 @@ impl Service {
                 ));
             };
             let mut chain = chain_of(tx, &at, now)?;
+            if crate::planted(crate::Plant::SpendSplit) {
+                // The planted race: the budget read here is decided on after this
+                // transaction, while other processes spend from it too.
+                return Ok(Err((chain, at)));
+            }
             let mut rules = chain.rules();
             let decision = rules.spend(&ask, &policy);
             let done = decided(tx, &mut chain, &rules, decision, &at, agent, now)?;
@@ -476,12 +481,44 @@ impl Service {
                     &format!("{agent} spent {units} in chain {}", chain.id),
                 )?;
             }
-            Ok(done.map(|()| Spent {
+            Ok(Ok(done.map(|()| Spent {
                 chain: chain.clone(),
                 message: at.id.clone(),
-            }))
+            })))
         })?;
-        outcome.map_err(ServiceError::Refused)
+        match outcome {
+            Ok(done) => done.map_err(ServiceError::Refused),
+            Err((chain, at)) => self.spend_split(chain, &at, (agent, &ask), now),
+        }
+    }
+
+    /// The planted `spend_split`: decides on a budget read in an earlier transaction, after
+    /// a pause, and records the spend in a second one.
+    fn spend_split(
+        &mut self,
+        mut chain: ChainRow,
+        at: &MessageRow,
+        (agent, ask): (&str, &[(String, model::chain::Amount)]),
+        now: i64,
+    ) -> Result<Spent> {
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let policy = self.policy.clone();
+        let done = self
+            .store
+            .write(|tx| -> Result<std::result::Result<(), String>> {
+                let mut rules = chain.rules();
+                let decision = rules.spend(ask, &policy);
+                let done = decided(tx, &mut chain, &rules, decision, at, agent, now)?;
+                if done.is_ok() {
+                    tx.insert_spend((&chain.id, &at.id, agent), ask, now)?;
+                }
+                Ok(done)
+            })?;
+        done.map_err(ServiceError::Refused)?;
+        Ok(Spent {
+            chain,
+            message: at.id.clone(),
+        })
     }
 }
 
