@@ -37,10 +37,13 @@ pub enum Plant {
     /// A spend reads its chain in one transaction and records the spend in another, with
     /// work in between (concurrent spends all pass on the same stale budget).
     SpendSplit,
+    /// A message enrolled late (after `enabledAfter` passed) ignores that its chain was
+    /// cancelled meanwhile: its delivery is queued and written.
+    EnrolIgnoresCancel,
 }
 
 impl Plant {
-    pub const ALL: [Plant; 13] = [
+    pub const ALL: [Plant; 14] = [
         Plant::EnrolAfterCommit,
         Plant::NoSyncBeforeWrite,
         Plant::ResumeBesideLive,
@@ -54,6 +57,7 @@ impl Plant {
         Plant::WebToken,
         Plant::ChainUnchecked,
         Plant::SpendSplit,
+        Plant::EnrolIgnoresCancel,
     ];
 
     /// Its name in `HANDOFFS_PLANT`.
@@ -72,6 +76,7 @@ impl Plant {
             Plant::WebToken => "web_token",
             Plant::ChainUnchecked => "chain_unchecked",
             Plant::SpendSplit => "spend_split",
+            Plant::EnrolIgnoresCancel => "enrol_ignores_cancel",
         }
     }
 }

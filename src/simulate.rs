@@ -82,15 +82,24 @@ fn note(trace: &Trace, host: &str, text: String) {
         .push((sim::net::elapsed(), host.to_owned(), text));
 }
 
-/// The engine's HTTP over the simulated network. It notes the request id of each write that
-/// could not connect (a refusal no agent saw: its host was down), for the oracle.
+/// The engine's HTTP over the simulated network. It notes, for the oracle, each write as it
+/// leaves the engine, and the request id of each write that could not connect (a refusal no
+/// agent saw: its host was down).
 #[derive(Debug)]
 struct SimTransport {
     unconnected: Unconnected,
 }
 
-/// Request ids of the writes that could not connect, in order.
-type Unconnected = Arc<Mutex<Vec<String>>>;
+/// What the network saw of the engine's writes.
+#[derive(Debug, Default)]
+struct Wire {
+    /// Request ids of the writes that could not connect, in order.
+    unconnected: Vec<String>,
+    /// Every write as it left the engine: (request id, when).
+    posted: Vec<(String, Duration)>,
+}
+
+type Unconnected = Arc<Mutex<Wire>>;
 
 impl Transport for SimTransport {
     fn call<'a>(
@@ -109,6 +118,13 @@ impl Transport for SimTransport {
                 .filter(|_| method == "POST")
                 .and_then(|b| b["request_id"].as_str().map(str::to_owned));
             let body = body.map(|b| b.to_string().into_bytes());
+            if let Some(rid) = &request_id {
+                self.unconnected
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .posted
+                    .push((rid.clone(), sim::net::elapsed()));
+            }
             match sim::net::request(method, url, body, timeout).await {
                 Ok((status, body)) => Ok(Reply { status, body }),
                 Err(sim::net::NetError::Connect(e)) => {
@@ -116,6 +132,7 @@ impl Transport for SimTransport {
                         self.unconnected
                             .lock()
                             .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .unconnected
                             .push(rid);
                     }
                     Err(HttpError::Connect(e))
@@ -192,6 +209,164 @@ fn reservation_check(db: &Path) -> Result<sim::agent::ReservationCheck, String> 
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             conn.query_row(RESERVED_SQL, [request_id], |r| r.get::<_, i64>(0))
                 .is_ok_and(|n| n > 0)
+        },
+    )))
+}
+
+/// How often a turn answers its handoff to the sender (a ping-pong), and how often it fans
+/// the work out to two other agents instead; in a chain given a small hop budget, agents
+/// answer nearly always (a rally that only the budget stops).
+const PING_PONG: f64 = 0.2;
+const FAN_OUT: f64 = 0.06;
+const RALLY: f64 = 0.85;
+const RALLY_BUDGET: i64 = 3;
+
+/// How often a person cancels a handoff's chain while its write is on the way and about to be
+/// turned away (busy or refused), or while it is reserved and the engine looks at the
+/// recipient's activity one last time before writing it.
+const CANCEL_IN_FLIGHT: f64 = 0.25;
+
+/// The handoff to `agent` whose write is reserved and not yet issued, if any.
+fn reserved_for(svc: &mut Service, agent: &str) -> Option<String> {
+    let sending = svc
+        .store_mut()
+        .read(|tx| tx.deliveries_in(&[StateKind::Sending], 100))
+        .ok()?;
+    sending
+        .into_iter()
+        .find(|d| {
+            d.recipient == agent && matches!(&d.record, Delivery::Sending(s) if !s.write_issued())
+        })
+        .map(|d| d.message_id)
+}
+
+/// What the world does at writes (SPEC §8.2). Inside a turn: now and then the turn answers
+/// its handoff to the sender, or fans it out to two other agents, naming itself by the
+/// write's request id as a program in the turn would (`HANDOFFS_REQUEST_ID`), so the service
+/// finds the chain; the answers are delivered and may be answered again, until the chain's
+/// budget or depth limit refuses one. At a write being turned away: now and then a person
+/// cancels its chain in that instant, so the cancel marks a write on the way whose answer
+/// then sends the delivery back to waiting (where nothing may write it again). From a random
+/// stream of its own; what is sent counts as the driver's sends for G1.
+fn at_write(
+    db: &Path,
+    seed: u64,
+    names: &[String],
+    sent: &Arc<Mutex<Vec<Sent>>>,
+    policy: &Policy,
+) -> Result<sim::agent::AtWrite, String> {
+    let svc = Service::with_clock(Store::open(db).map_err(|e| e.to_string())?, sim_clock())
+        .with_policy(policy.clone());
+    let state = Mutex::new((svc, ChaCha8Rng::seed_from_u64(seed ^ 0x7e11)));
+    let (names, sent) = (names.to_vec(), sent.clone());
+    Ok(sim::agent::AtWrite(Arc::new(
+        move |me: &str, request_id: &str, moment: sim::agent::Moment| {
+            let mut g = state
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let (svc, rng) = &mut *g;
+            let roll: f64 = rng.random();
+            if moment != sim::agent::Moment::Taken {
+                if roll >= CANCEL_IN_FLIGHT {
+                    return None;
+                }
+                let id = if moment == sim::agent::Moment::Looked {
+                    reserved_for(svc, me)?
+                } else {
+                    svc.store_mut()
+                        .read(|tx| tx.message_of_turn(me, request_id))
+                        .ok()
+                        .flatten()?
+                };
+                let when = if moment == sim::agent::Moment::Looked {
+                    "reserved"
+                } else {
+                    "on the way"
+                };
+                return Some(match svc.chain_cancel(&id, None, Some("plan changed")) {
+                    Ok(c) => format!(
+                        "a person cancels the chain of {} while its write is {when}: {} \
+                         cancelled, {} under way",
+                        short(&id),
+                        c.cancelled.len(),
+                        c.marked.len()
+                    ),
+                    Err(e) => format!("a person's cancel refused: {e}"),
+                });
+            }
+            let others: Vec<&String> = names.iter().filter(|n| *n != me).collect();
+            let picks = [
+                rng.random_range(0..others.len()),
+                rng.random_range(0..others.len()),
+            ];
+            let (handoff, hop_budget) = svc
+                .store_mut()
+                .read(|tx| {
+                    let Some(m) = tx
+                        .message_of_turn(me, request_id)?
+                        .map(|id| tx.message(&id))
+                        .transpose()?
+                        .flatten()
+                    else {
+                        return Ok(None);
+                    };
+                    let budget = tx.chain(&m.chain_id)?.map(|c| c.hop_budget);
+                    Ok::<_, crate::store::StoreError>(Some((m, budget)))
+                })
+                .ok()
+                .flatten()?;
+            let ping = if hop_budget.is_some_and(|b| b <= RALLY_BUDGET) {
+                RALLY
+            } else {
+                PING_PONG
+            };
+            if roll >= ping + FAN_OUT {
+                return None;
+            }
+            let to: Vec<&str> = if roll < ping {
+                vec![handoff.sender.as_str()]
+            } else {
+                let mut two = vec![others[picks[0]].as_str(), others[picks[1]].as_str()];
+                two.dedup();
+                two
+            };
+            let lineage = crate::service::Lineage {
+                request_id: Some(request_id.to_owned()),
+                in_turn: true,
+                ..Default::default()
+            };
+            let mut said = Vec::new();
+            for to in to.into_iter().filter(|t| names.iter().any(|n| n == t)) {
+                let body = format!(
+                    "{me} in turn {} answers {}",
+                    short(request_id),
+                    short(&handoff.id)
+                );
+                let host = svc
+                    .store_mut()
+                    .read(|tx| tx.agent(to))
+                    .ok()
+                    .flatten()
+                    .map(|a| registered_host(&a.settings))
+                    .unwrap_or_default();
+                match svc.send_as(me, to, &body, None, None, None, &lineage) {
+                    Ok(s) => {
+                        said.push(format!(
+                            "sends {} to {to} from its turn (hop {})",
+                            short(&s.message.id),
+                            s.message.hop
+                        ));
+                        sent.lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .push(Sent {
+                                id: s.message.id,
+                                host,
+                            });
+                    }
+                    Err(e) => said.push(format!("send to {to} from its turn refused: {e}")),
+                }
+            }
+            (!said.is_empty()).then(|| said.join("; "))
         },
     )))
 }
@@ -301,14 +476,15 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
             )
         })
         .collect();
+    let sent: Arc<Mutex<Vec<Sent>>> = Arc::default();
+    let hook = at_write(&db, seed, &names, &sent, policy)?;
     for a in &agents {
-        a.lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .reservations = Some(reservation_check(&db)?);
+        let mut a = a.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        a.reservations = Some(reservation_check(&db)?);
+        a.at_write = Some(hook.clone());
     }
     let page: Page = Arc::new(Mutex::new(StatusPage::default()));
     let stop = Arc::new(AtomicBool::new(false));
-    let sent: Arc<Mutex<Vec<Sent>>> = Arc::default();
     let holds: Arc<Mutex<Vec<oracle::HoldRow>>> = Arc::default();
     let unconnected: Unconnected = Arc::default();
 
@@ -353,11 +529,13 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
         virtual_time,
     )?;
     facts.reregistered = reregistered;
-    facts.unconnected_writes.clone_from(
-        &unconnected
+    {
+        let wire = unconnected
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner),
-    );
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        facts.unconnected_writes.clone_from(&wire.unconnected);
+        facts.posted.clone_from(&wire.posted);
+    }
     facts.holds.clone_from(
         &holds
             .lock()
@@ -567,7 +745,7 @@ fn report(r: &Report<'_>) -> (String, bool) {
             facts
                 .events
                 .iter()
-                .filter(|e| e.kind == "state" || e.kind == "reminder" || e.kind == "release")
+                .filter(|e| matches!(e.kind.as_str(), "state" | "reminder" | "release" | "chain"))
                 .map(|e| {
                     (
                         e.at,
@@ -1049,7 +1227,40 @@ async fn driver(
         }
         holds_due(&mut svc, names, &mut planned, person)?;
         tend(&mut svc, names, &mut rng, &mut returned, trace)?;
+        cancel_under_way(&mut svc, &mut cancels, trace)?;
     }
+    Ok(())
+}
+
+/// Now and then, a person cancels the chain of a handoff whose turn is under way (the write
+/// out, or the turn running): the cancel marks it and lets it run, and whatever it does next
+/// (a busy answer, a refusal, an error with a resend planned) must not write it again.
+fn cancel_under_way(
+    svc: &mut Service,
+    rng: &mut ChaCha8Rng,
+    trace: &Trace,
+) -> Result<(), Box<dyn std::error::Error>> {
+    if !rng.random_bool(0.15) {
+        return Ok(());
+    }
+    let under_way = svc.store_mut().read(|tx| {
+        tx.deliveries_in(
+            &[
+                StateKind::Sending,
+                StateKind::Uncertain,
+                StateKind::Accepted,
+                StateKind::Running,
+            ],
+            100,
+        )
+    })?;
+    if under_way.is_empty() {
+        return Ok(());
+    }
+    let id = under_way[rng.random_range(0..under_way.len())]
+        .message_id
+        .clone();
+    cancel_chain_of(svc, &id, trace);
     Ok(())
 }
 
@@ -1161,6 +1372,11 @@ fn maybe_cancel(svc: &mut Service, ids: &[String], rng: &mut ChaCha8Rng, trace: 
         return;
     }
     let id = &ids[rng.random_range(0..ids.len())];
+    cancel_chain_of(svc, id, trace);
+}
+
+/// A person cancels the chain of handoff `id`.
+fn cancel_chain_of(svc: &mut Service, id: &str, trace: &Trace) {
     match svc.chain_cancel(id, None, Some("plan changed")) {
         Ok(c) => note(
             trace,
@@ -1176,22 +1392,13 @@ fn maybe_cancel(svc: &mut Service, ids: &[String], rng: &mut ChaCha8Rng, trace: 
     }
 }
 
-/// What the chains' oracle reads: each cancelled chain and when, each message's chain, and
-/// the deliveries left to run at a cancel.
+/// What the chains' oracle reads: each cancelled chain and when, and each message's chain.
 #[allow(clippy::type_complexity)]
 fn chain_facts(
     c: &rusqlite::Connection,
-) -> Result<
-    (
-        BTreeMap<String, Duration>,
-        BTreeMap<String, String>,
-        BTreeSet<String>,
-    ),
-    String,
-> {
+) -> Result<(BTreeMap<String, Duration>, BTreeMap<String, String>), String> {
     let err = |e: rusqlite::Error| e.to_string();
-    let at =
-        |ms: i64| Duration::from_millis(u64::try_from(ms).unwrap_or(0).saturating_sub(EPOCH_MS));
+    let at = virtual_at;
     let mut st = c
         .prepare("SELECT id, updated_at FROM chains WHERE state = 'cancelled'")
         .map_err(err)?;
@@ -1203,17 +1410,7 @@ fn chain_facts(
         .map(|(id, ms)| (id, at(ms)))
         .collect();
     let chain_of = pairs(c, "SELECT id, chain_id FROM messages")?;
-    let mut st = c
-        .prepare(
-            "SELECT message_id FROM events
-             WHERE kind = 'chain' AND detail LIKE '%its turn goes on%'",
-        )
-        .map_err(err)?;
-    let marked = st
-        .query_map([], |r| r.get::<_, String>(0))
-        .and_then(Iterator::collect::<rusqlite::Result<BTreeSet<_>>>)
-        .map_err(err)?;
-    Ok((cancels, chain_of, marked))
+    Ok((cancels, chain_of))
 }
 
 /// What the budgets' oracle reads: each chain's hop budget, depth limit and unit limits, and
@@ -1424,6 +1621,33 @@ fn kept_counts(c: &rusqlite::Connection) -> Result<oracle::Verdict, String> {
     Ok(v)
 }
 
+/// A stored time (ms since the epoch) as the simulation's virtual time.
+fn virtual_at(ms: i64) -> Duration {
+    Duration::from_millis(u64::try_from(ms).unwrap_or(0).saturating_sub(EPOCH_MS))
+}
+
+/// Every event about a message, in order.
+fn message_events(c: &rusqlite::Connection) -> Result<Vec<oracle::EventRow>, String> {
+    let err = |e: rusqlite::Error| e.to_string();
+    let at = virtual_at;
+    let mut st = c
+        .prepare(
+            "SELECT at, message_id, kind, detail FROM events
+             WHERE message_id IS NOT NULL ORDER BY seq",
+        )
+        .map_err(err)?;
+    st.query_map([], |r| {
+        Ok(oracle::EventRow {
+            at: at(r.get(0)?),
+            message: r.get(1)?,
+            kind: r.get(2)?,
+            detail: r.get(3)?,
+        })
+    })
+    .and_then(Iterator::collect)
+    .map_err(err)
+}
+
 /// Everything the oracle judges, read once the run is over.
 #[allow(clippy::too_many_arguments)]
 fn gather(
@@ -1437,25 +1661,8 @@ fn gather(
     end: Duration,
 ) -> Result<oracle::Run, String> {
     let err = |e: rusqlite::Error| e.to_string();
-    let at =
-        |ms: i64| Duration::from_millis(u64::try_from(ms).unwrap_or(0).saturating_sub(EPOCH_MS));
-    let mut st = c
-        .prepare(
-            "SELECT at, message_id, kind, detail FROM events
-             WHERE message_id IS NOT NULL ORDER BY seq",
-        )
-        .map_err(err)?;
-    let events: Vec<oracle::EventRow> = st
-        .query_map([], |r| {
-            Ok(oracle::EventRow {
-                at: at(r.get(0)?),
-                message: r.get(1)?,
-                kind: r.get(2)?,
-                detail: r.get(3)?,
-            })
-        })
-        .and_then(Iterator::collect)
-        .map_err(err)?;
+    let at = virtual_at;
+    let events = message_events(c)?;
     let mut writes = Vec::new();
     let mut turns_ended = Vec::new();
     let mut status_queries = Vec::new();
@@ -1484,7 +1691,7 @@ fn gather(
         }
     }
     status_queries.sort_by_key(|q| q.1);
-    let (chain_cancels, chain_of, marked_at_cancel) = chain_facts(c)?;
+    let (chain_cancels, chain_of) = chain_facts(c)?;
     writes.sort_by_key(|w| w.write.at);
     let mut st = c
         .prepare(
@@ -1544,7 +1751,13 @@ fn gather(
         unconnected_writes: Vec::new(),
         chain_cancels,
         chain_of,
-        marked_at_cancel,
+        posted: Vec::new(),
+        dead_letters: pairs(
+            c,
+            "SELECT message_id, reason FROM dead_letters
+             WHERE message_id IS NOT NULL AND replayed_at IS NULL AND dropped_at IS NULL
+             ORDER BY created_at",
+        )?,
         chain_budgets: chain_budgets(c)?,
         holds: Vec::new(),
         senders: pairs(c, "SELECT id, sender FROM messages")?,

@@ -111,7 +111,7 @@ fn a_handoff_failed_for_good_is_kept_and_replayed_to_another_agent() {
         }
         assert!(
             start.elapsed() < Duration::from_secs(30),
-            "no dead letter for the failed handoff: {}",
+            "dead letters: a handoff FAILED for good was not kept: {}",
             w.ok(&["status", &id])
         );
         std::thread::sleep(Duration::from_millis(100));
@@ -213,5 +213,43 @@ fn a_send_into_a_stopped_chain_is_kept_and_replayed_once_the_chain_is_lifted() {
     let new = replay_once(&w, &d, None);
     assert_eq!(new["chain_id"], Value::String(root.clone()));
     assert_eq!(new["parent_id"], Value::String(root));
+    assert_eq!(new["hop"], 1);
+}
+
+/// A replay that its chain's budget refuses stops the chain as any send would (its origin
+/// told once), so the refusal's advice holds: a resume lifts it, and the replay then goes.
+#[test]
+fn a_replay_refused_by_its_chain_stops_it_and_a_resume_lets_it_go() {
+    let w = World::new();
+    for a in ["a", "b"] {
+        w.ok(&["agent", "add", a, "--provider", "demo"]);
+    }
+    let root = w.json(&["send", "a", "b", "root", "--budget", "hops=0"])["message"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    w.ok(&["block", "b", "a"]);
+    let out = w.run(&["send", "b", "a", "an answer", "--parent", &root]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let d = letter(&w, "topology");
+    w.ok(&["allow", "b", "a"]);
+    let out = w.run(&["dead", "replay", d["id"].as_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("resume"),
+        "{out:?}"
+    );
+    let c = w.json(&["chain", "show", &root]);
+    assert_eq!(c["chain"]["state"], "needs_human", "{c:#}");
+    let told = c["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["intent"] == "notification" && m["recipient"] == "a")
+        .count();
+    assert_eq!(told, 1, "the origin is told once: {c:#}");
+    assert_eq!(open_letters(&w).len(), 1, "the letter stays, no second one");
+    w.ok(&["chain", "resume", &root, "--add", "hops=1"]);
+    let new = replay_once(&w, &d, None);
     assert_eq!(new["hop"], 1);
 }

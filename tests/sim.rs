@@ -103,6 +103,24 @@ fn a_sweep_catches_a_cancel_that_leaves_pending_deliveries_to_be_written() {
 
 #[cfg(feature = "planted-bugs")]
 #[test]
+fn a_sweep_catches_a_pass_that_writes_a_cancelled_chains_delivery_waiting_again() {
+    caught_within("requeue_after_cancel", "chains", 20);
+}
+
+#[cfg(feature = "planted-bugs")]
+#[test]
+fn a_sweep_catches_a_final_failure_not_kept_as_a_dead_letter() {
+    caught_within("final_failure_not_kept", "dead", 30);
+}
+
+#[cfg(feature = "planted-bugs")]
+#[test]
+fn a_sweep_catches_a_cancel_that_lets_a_reserved_write_go_out() {
+    caught_within("cancel_marks_reserved", "chains", 20);
+}
+
+#[cfg(feature = "planted-bugs")]
+#[test]
 fn a_sweep_catches_a_spend_that_crosses_its_chains_budget() {
     caught_within("spend_past_budget", "budgets", 20);
 }

@@ -528,7 +528,35 @@ async fn chains_in_flight_show_with_their_budgets() {
         "--parent",
         &root,
     ]);
-    id(w.json(&["send", "writer", "planner", "a question", "--parent", &root]));
+    // An answer over HTTP names its parent and continues the chain: one hop of its budget.
+    let token = app.token.clone();
+    let (st, v) = send(
+        &app,
+        Some(&token),
+        &json!({"from": "writer", "to": "planner", "message": "a question", "parent": root}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    assert_eq!(
+        (
+            v["chain_id"].as_str(),
+            v["parent_id"].as_str(),
+            v["hop"].as_i64()
+        ),
+        (Some(root.as_str()), Some(root.as_str()), Some(1)),
+        "{v}"
+    );
+    // A request id that names no turn of the sender's starts nothing but a chain of its own.
+    let (st, v) = send(
+        &app,
+        Some(&token),
+        &json!({"from": "writer", "to": "planner", "message": "unrelated", "request_id": "nope"}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    assert_eq!(v["hop"], 0, "{v}");
+    assert_eq!(v["chain_id"], v["id"], "{v}");
+    w.ok(&["chain", "cancel", v["id"].as_str().unwrap()]);
     // Cancelled before anything was written: nothing of it is on its way any more.
     let gone = id(w.json(&["send", "planner", "writer", "never mind"]));
     w.ok(&["chain", "cancel", &gone]);

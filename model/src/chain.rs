@@ -112,7 +112,7 @@ pub fn check_unit(unit: &str) -> Result<(), String> {
     }
 }
 
-/// Parses `UNIT=N[,UNIT=N…]` (`tokens=1200,usd=0.05`); a unit named twice adds up.
+/// Parses `UNIT=N[,UNIT=N…]` (`tokens=1200,usd=0.05`); a unit named twice is refused.
 pub fn parse_amounts(text: &str) -> Result<Vec<(String, Amount)>, String> {
     let mut out: BTreeMap<String, Amount> = BTreeMap::new();
     for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -122,8 +122,9 @@ pub fn parse_amounts(text: &str) -> Result<Vec<(String, Amount)>, String> {
         let unit = unit.trim();
         check_unit(unit)?;
         let n: Amount = n.trim().parse()?;
-        let sum = out.entry(unit.to_owned()).or_default();
-        *sum = sum.plus(n).min(Amount::MAX);
+        if out.insert(unit.to_owned(), n).is_some() {
+            return Err(format!("{unit} is given twice: give each unit once"));
+        }
     }
     if out.is_empty() {
         return Err("give at least one UNIT=N, e.g. tokens=1200".to_owned());
@@ -438,7 +439,9 @@ impl Chain {
 
     /// Whether a delivery of this chain may still be written: never once it is cancelled.
     pub fn may_write(&self, policy: &Policy) -> bool {
-        self.state != ChainState::Cancelled || policy.planted(PlantedBug::CancelLeavesPending)
+        self.state != ChainState::Cancelled
+            || policy.planted(PlantedBug::CancelLeavesPending)
+            || policy.planted(PlantedBug::RequeueAfterCancel)
     }
 }
 
@@ -460,7 +463,8 @@ pub fn on_cancel(d: &Delivery, policy: &Policy) -> OnCancel {
     if d.is_settled() {
         return OnCancel::Leave;
     }
-    let writing = matches!(d, Delivery::Sending(s) if s.write_issued());
+    let writing = matches!(d, Delivery::Sending(s) if s.write_issued())
+        || policy.planted(PlantedBug::CancelMarksReserved);
     if !d.is_active() || !writing && matches!(d, Delivery::Sending(_)) {
         if policy.planted(PlantedBug::CancelLeavesPending) {
             return OnCancel::Leave;
@@ -541,8 +545,8 @@ mod tests {
         );
         assert_eq!(b.spent("tokens"), Amount::whole(60));
         assert!(
-            b.spend(&units("tokens=20,tokens=21"), &p).is_err(),
-            "a unit named twice adds up"
+            parse_amounts("tokens=20,tokens=21").is_err(),
+            "a unit named twice is a mistake, never summed"
         );
         b.add("tokens", Amount::whole(10));
         assert_eq!(b.limit("tokens"), Some(Amount::whole(110)));

@@ -7,6 +7,7 @@
 //! simulation and the model checker all call the same `step`.
 
 pub mod chain;
+pub mod dead;
 pub mod delivery;
 pub mod event;
 pub mod harness;

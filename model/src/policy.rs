@@ -208,6 +208,18 @@ pub enum PlantedBug {
     /// which writes them (breaks "nothing is written after its chain was cancelled";
     /// service-level).
     CancelLeavesPending,
+    /// The engine's pass forgets a cancel: a delivery of a cancelled chain that waits again
+    /// (its marked write turned away busy or refused, or its turn errored with a resend
+    /// planned) is reserved and written anyway (breaks "nothing is written after its chain
+    /// was cancelled"; the cancel itself is right).
+    RequeueAfterCancel,
+    /// A chain's cancel takes a write that is reserved but not yet written for one under way:
+    /// it is marked and left to go out (breaks "nothing is written after its chain was
+    /// cancelled").
+    CancelMarksReserved,
+    /// A delivery FAILED for good is not kept as a dead letter (breaks "what cannot be
+    /// delivered lands in the dead-letter list").
+    FinalFailureNotKept,
     /// A budget's check looks at what was spent before a spend, not at what would be after
     /// it, so the spend that crosses the limit passes (breaks "no chain spends beyond its
     /// budget").

@@ -343,6 +343,22 @@ fn a_spend_checked_before_it_is_added_is_caught() {
 }
 
 #[test]
+fn a_pass_that_forgets_the_cancel_of_a_waiting_again_delivery_is_caught() {
+    caught(
+        PlantedBug::RequeueAfterCancel,
+        "no delivery is written after its chain was cancelled",
+    );
+}
+
+#[test]
+fn a_cancel_that_lets_a_reserved_write_go_out_is_caught() {
+    caught(
+        PlantedBug::CancelMarksReserved,
+        "no delivery is written after its chain was cancelled",
+    );
+}
+
+#[test]
 fn a_cancel_that_leaves_pending_deliveries_is_caught() {
     caught(
         PlantedBug::CancelLeavesPending,

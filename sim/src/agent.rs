@@ -93,6 +93,33 @@ impl std::fmt::Debug for ReservationCheck {
     }
 }
 
+/// The moment of a write at which the world may act beside the agent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Moment {
+    /// The write was taken: a turn of its own begins (the world sends from it, as a program
+    /// in the turn would).
+    Taken,
+    /// The write is being turned away (busy, or refused) and its answer is not out yet.
+    TurnedAway,
+    /// No write yet: the agent is answering an activity look "idle" (the request id is
+    /// empty); the engine may be about to write one it reserved.
+    Looked,
+}
+
+/// What the world does at a write's moment, given the agent's id and the write's request id:
+/// the trace line of what it did, if anything.
+#[derive(Clone)]
+pub struct AtWrite(pub Arc<AtWriteFn>);
+
+/// The function behind [`AtWrite`]: (agent, request id, moment) → a trace line.
+pub type AtWriteFn = dyn Fn(&str, &str, Moment) -> Option<String> + Send + Sync;
+
+impl std::fmt::Debug for AtWrite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AtWrite")
+    }
+}
+
 /// The per-turn fault rates an agent draws from.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct TurnRates {
@@ -150,6 +177,8 @@ pub struct AgentState {
     last_answer: Option<(&'static str, Option<Duration>)>,
     /// Looks up each arriving write's reservation (none: every write counts as reserved).
     pub reservations: Option<ReservationCheck>,
+    /// What the world does at each write until the agent is healed (none: nothing).
+    pub at_write: Option<AtWrite>,
     /// Trace lines: (virtual time, text).
     pub trace: Vec<(Duration, String)>,
 }
@@ -176,8 +205,19 @@ impl AgentState {
             busy_answers: 0,
             last_answer: None,
             reservations: None,
+            at_write: None,
             trace: Vec::new(),
         }))
+    }
+
+    /// Lets the world act at this moment of a write (until healed).
+    fn at_write(&mut self, agent: &str, request_id: &str, moment: Moment, now: Duration) {
+        if !self.healed
+            && let Some(hook) = self.at_write.clone()
+            && let Some(what) = (hook.0)(agent, request_id, moment)
+        {
+            self.trace.push((now, what));
+        }
     }
 
     /// From now on no fault: every write is taken and every turn returns, no person turns.
@@ -258,6 +298,10 @@ impl AgentState {
                     return (503, "{}".to_owned());
                 }
                 let status = if self.busy() { "busy" } else { "idle" };
+                if !self.busy() {
+                    let me = self.id.clone();
+                    self.at_write(&me, "", Moment::Looked, now);
+                }
                 if self.busy() {
                     self.busy_answers += 1;
                 }
@@ -338,7 +382,7 @@ impl AgentState {
         let refused = turned_away || self.chance(self.rates.refusal);
         self.received.push(Received {
             request_id: request_id.clone(),
-            addressed_to,
+            addressed_to: addressed_to.clone(),
             at: now,
             busy_since,
             taken: !refused,
@@ -364,6 +408,9 @@ impl AgentState {
                 format!("write {} failed (500), not taken", short(&request_id)),
             ));
             return (500, json!({ "error": "internal error" }).to_string());
+        }
+        if refused {
+            self.at_write(&addressed_to, &request_id, Moment::TurnedAway, now);
         }
         if turned_away {
             self.trace
@@ -442,6 +489,7 @@ impl AgentState {
                 ending.status()
             ),
         ));
+        self.at_write(&addressed_to, &request_id, Moment::Taken, now);
         (
             200,
             json!({ "turn_id": request_id, "request_id": request_id }).to_string(),

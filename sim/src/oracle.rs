@@ -150,12 +150,14 @@ pub struct Run {
     /// Request ids of the writes that could not connect (their host was down): refusals no
     /// agent saw, noted by the network.
     pub unconnected_writes: Vec<String>,
+    /// The open dead letters of deliveries: message id → reason (SPEC §8.2).
+    pub dead_letters: BTreeMap<String, String>,
+    /// Every write as it left the engine (request id, when), as the network saw it.
+    pub posted: Vec<(String, Duration)>,
     /// Chains a person cancelled, and when (SPEC §8.2).
     pub chain_cancels: BTreeMap<String, Duration>,
     /// Each message's chain.
     pub chain_of: BTreeMap<String, String>,
-    /// Deliveries whose turn was under way when their chain was cancelled (left to run).
-    pub marked_at_cancel: BTreeSet<String>,
     /// Each chain's budget and what was taken from it (SPEC §8.2 budgets).
     pub chain_budgets: Vec<ChainBudgetRow>,
     /// Activity answers that forbade a write: "busy", or unreadable (503).
@@ -825,7 +827,62 @@ pub fn judge(run: &Run, settle_bound: Duration) -> Vec<Verdict> {
         liveness(run, settle_bound),
         chains(run),
         budgets(run),
+        dead(run),
     ]
+}
+
+/// SPEC §8.2 dead letters: a handoff that cannot be delivered is kept with its reason, judged
+/// from the world: FAILED with no resend pending, outside a cancelled chain, not released by a
+/// person, and no turn of it returned by the agents' own records (so never delivered, or its
+/// resends spent): a `failed` letter; UNAVAILABLE because its recipient was registered
+/// elsewhere: a `destination_changed` letter. And no open letter for a handoff delivered.
+pub fn dead(run: &Run) -> Verdict {
+    let mut v = Verdict::new("dead", "what cannot be delivered is kept as a dead letter");
+    let returned: BTreeSet<&str> = run
+        .turns_ended
+        .iter()
+        .filter(|t| t.3 == "returned")
+        .map(|t| t.1.as_str())
+        .collect();
+    for d in &run.deliveries {
+        let cancelled = run
+            .chain_of
+            .get(&d.id)
+            .is_some_and(|c| run.chain_cancels.contains_key(c));
+        let expected = match d.state.as_str() {
+            "FAILED"
+                if !d.resend_pending
+                    && !cancelled
+                    && !run.released.contains(&d.id)
+                    && !d.request_ids.iter().any(|r| returned.contains(r.as_str())) =>
+            {
+                Some("failed")
+            }
+            "UNAVAILABLE" if d.destination_changed => Some("destination_changed"),
+            _ => None,
+        };
+        let kept = run.dead_letters.get(&d.id).map(String::as_str);
+        if let Some(reason) = expected {
+            v.exercised += 1;
+            if kept != Some(reason) {
+                v.violations.push(format!(
+                    "{} ended {} and cannot be delivered, but is kept as {}",
+                    short(&d.id),
+                    d.state,
+                    kept.map_or("no dead letter".to_owned(), |k| format!("a {k} letter"))
+                ));
+            }
+        } else if let Some(k) = kept
+            && matches!(d.state.as_str(), "RETURNED" | "ACKNOWLEDGED")
+        {
+            v.violations.push(format!(
+                "{} was delivered ({}), but a {k} dead letter is still open",
+                short(&d.id),
+                d.state
+            ));
+        }
+    }
+    v
 }
 
 /// SPEC §8.2 budgets: no chain makes more hops than its hop budget, goes deeper than its
@@ -876,14 +933,21 @@ fn whole(millionths: i64) -> String {
     }
 }
 
-/// How long after a cancel a write that was already on its way may arrive.
-const IN_FLIGHT: Duration = Duration::from_secs(5);
-
-/// SPEC §8.2 cascading cancel: once a chain is cancelled, none of its deliveries is written,
-/// but those whose turn was already under way (marked at the cancel, left to run).
+/// SPEC §8.2 cascading cancel: once a chain is cancelled, none of its deliveries is written
+/// again. What may still arrive after the cancel are the writes already on the wire at that
+/// moment: judged from the network's own record of when each write left the engine (to the
+/// millisecond of the cancel's record), not from what the engine marked. A write that left
+/// after the cancel (reserved before it or not), a retry after a busy answer or a refusal,
+/// or a resend is a violation.
 pub fn chains(run: &Run) -> Verdict {
     let mut v = Verdict::new("chains", "nothing is written after its chain was cancelled");
     let owners = owners(run);
+    let cancelled_at = |rid: &str| {
+        owners
+            .get(rid)
+            .and_then(|d| run.chain_of.get(&d.id))
+            .and_then(|c| run.chain_cancels.get(c).map(|at| (c, *at)))
+    };
     for d in &run.deliveries {
         if run
             .chain_of
@@ -893,29 +957,40 @@ pub fn chains(run: &Run) -> Verdict {
             v.exercised += 1;
         }
     }
+    let ms = |t: Duration| Duration::from_millis(u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
+    // Per request of a cancelled chain: the writes on the wire at its cancel (left by then,
+    // not yet arrived), which may still arrive.
+    let mut on_the_wire: BTreeMap<&str, i64> = BTreeMap::new();
+    for (rid, left) in &run.posted {
+        if cancelled_at(rid).is_some_and(|(_, at)| ms(*left) <= at) {
+            *on_the_wire.entry(rid.as_str()).or_default() += 1;
+        }
+    }
     for w in &run.writes {
-        let Some(d) = owners.get(w.write.request_id.as_str()) else {
+        let rid = w.write.request_id.as_str();
+        if cancelled_at(rid).is_some_and(|(_, at)| w.write.at <= at) {
+            *on_the_wire.entry(rid).or_default() -= 1;
+        }
+    }
+    for w in &run.writes {
+        let rid = w.write.request_id.as_str();
+        let Some((chain, at)) = cancelled_at(rid) else {
             continue;
         };
-        let Some((chain, at)) = run
-            .chain_of
-            .get(&d.id)
-            .and_then(|c| run.chain_cancels.get(c).map(|at| (c, at)))
-        else {
+        if w.write.at <= at {
             continue;
-        };
-        // A delivery under way at the cancel keeps only the write then in flight (it lands
-        // within the network's latency); anything later (a retry after a busy answer or a
-        // refusal, a resend) is a write after the cancel.
-        let in_flight = run.marked_at_cancel.contains(&d.id) && w.write.at <= *at + IN_FLIGHT;
-        if w.write.at > *at && !in_flight {
+        }
+        let left = on_the_wire.entry(rid).or_default();
+        *left -= 1;
+        if *left < 0 {
             v.violations.push(format!(
-                "{} was written to {} at {}, after its chain {} was cancelled at {}",
-                short(&d.id),
+                "{} was written to {} at {} (request {}), after its chain {} was cancelled at {}",
+                owners.get(rid).map_or("?", |d| short(&d.id)),
                 w.host,
                 hms(w.write.at),
+                short(rid),
                 short(chain),
-                hms(*at)
+                hms(at)
             ));
         }
     }
@@ -977,8 +1052,8 @@ pub fn held(run: &Run) -> Verdict {
 #[cfg(test)]
 mod tests {
     use super::{
-        ChainBudgetRow, DeliveryRow, EventRow, HoldRow, Run, WriteRow, budgets, g3_never_interrupt,
-        held,
+        ChainBudgetRow, DeliveryRow, EventRow, HoldRow, Run, WriteRow, budgets, chains,
+        g3_never_interrupt, held,
     };
     use crate::agent::Received;
     use std::time::Duration;
@@ -1021,6 +1096,36 @@ mod tests {
         run.writes.pop();
         run.unconnected_writes = vec!["r1".to_owned()];
         assert!(g3_never_interrupt(&run).violations.is_empty());
+    }
+
+    /// Only a write on the wire at the cancel may arrive after it, once; one that left after
+    /// the cancel, or a retry of the one that arrived, is caught.
+    #[test]
+    fn chains_judges_writes_after_a_cancel_by_when_they_left_the_engine() {
+        let mut run = reserved_at(10);
+        run.chain_of.insert("m1".to_owned(), "c1".to_owned());
+        run.chain_cancels
+            .insert("c1".to_owned(), Duration::from_millis(10_500));
+        // Left at 9.8 s, arrived at 10.9 s: on the wire at the cancel.
+        run.posted = vec![("r1".to_owned(), Duration::from_millis(9_800))];
+        let mut w = answered(409);
+        w.write.at = Duration::from_millis(10_900);
+        run.writes = vec![w.clone()];
+        assert!(chains(&run).violations.is_empty(), "{:?}", chains(&run));
+        // Its retry left after the cancel.
+        run.posted.push(("r1".to_owned(), Duration::from_secs(12)));
+        w.write.at = Duration::from_millis(12_400);
+        run.writes.push(w.clone());
+        let v = chains(&run);
+        assert_eq!(v.violations.len(), 1, "{v:?}");
+        assert!(
+            v.violations[0].contains("after its chain c1 was cancelled"),
+            "{v:?}"
+        );
+        // A write reserved before the cancel that left after it is caught too.
+        run.posted = vec![("r1".to_owned(), Duration::from_millis(10_600))];
+        run.writes = vec![w];
+        assert_eq!(chains(&run).violations.len(), 1);
     }
 
     fn reserved_at(secs: u64) -> Run {

@@ -42,9 +42,16 @@ pub(super) enum Place {
 }
 
 /// The message `from` continues, if any: an explicit parent (which `from` must have sent or
-/// received), else the turn the send comes from, else `from`'s active delivery.
+/// received); else none when the send gives a budget (it starts a chain); else the turn the
+/// send comes from, else `from`'s active delivery.
 pub(super) fn parent_of(tx: &Tx<'_>, from: &str, lineage: &Lineage) -> Result<Option<MessageRow>> {
     if let Some(given) = &lineage.parent {
+        if given.is_empty() || given.len() > super::ID_CHARS_MAX {
+            return usage(format!(
+                "a parent is a message id (or a unique prefix) of 1 to {} characters",
+                super::ID_CHARS_MAX
+            ));
+        }
         let ids = tx.ids_with_prefix(IdTable::Messages, given)?;
         let id = match ids.as_slice() {
             [one] if one == given || given.len() >= super::ID_PREFIX_MIN => one.clone(),
@@ -60,6 +67,10 @@ pub(super) fn parent_of(tx: &Tx<'_>, from: &str, lineage: &Lineage) -> Result<Op
             ));
         }
         return Ok(Some(m));
+    }
+    // A budget starts a chain of its own, unless a parent is named.
+    if lineage.budget.is_some() {
+        return Ok(None);
     }
     let turn = match &lineage.request_id {
         Some(r) if !r.is_empty() => tx.message_of_turn(from, r)?,
@@ -645,7 +656,10 @@ fn cancel_delivery(
                 millis(now),
                 Some(&msg.id),
                 "chain",
-                &format!("{why}; its turn goes on, and a return is recorded as late"),
+                &format!(
+                    "{why}; its turn goes on (request {}), and a return is recorded as late",
+                    d.record.core().request_id()
+                ),
             )?;
             out.marked.push(msg.id.clone());
             affected.insert(msg.recipient.clone());

@@ -8,7 +8,6 @@ use super::chains::Lineage;
 use super::messages::{Draft, Sent, send_in};
 use super::{DeadLetterRow, MessageRow, Result, Service, ServiceError, Tx, millis, refused, usage};
 use model::Delivery;
-use model::states::{NoResend, ResendPlan, UnavailableReason};
 use serde::Serialize;
 
 /// Why something could not be delivered.
@@ -84,28 +83,13 @@ pub(super) fn refused_send(
     Ok(())
 }
 
-/// Why a delivery in this state is dead, if it is.
-fn dead_reason(d: &Delivery) -> Option<Reason> {
-    match d {
-        // Failed for good: never delivered, or its resends spent or too late. Work that was
-        // done, or a resend a person released, is no dead letter.
-        Delivery::Failed(f)
-            if matches!(
-                f.resend(),
-                ResendPlan::Final {
-                    why: NoResend::NeverDelivered | NoResend::LimitReached | NoResend::WindowPassed
-                }
-            ) =>
-        {
-            Some(Reason::Failed)
-        }
-        Delivery::Unavailable(u) => match u.reason() {
-            UnavailableReason::AgentMissing => Some(Reason::UnknownRecipient),
-            UnavailableReason::TargetChanged { .. } => Some(Reason::DestinationChanged),
-            UnavailableReason::ActivityUnknown { .. } => None,
-        },
-        _ => None,
-    }
+/// Why a delivery in this state is dead, if it is (`model::dead`).
+fn dead_reason(d: &Delivery, policy: &model::Policy) -> Option<Reason> {
+    model::dead::reason(d, policy).map(|r| match r {
+        model::dead::DeadReason::Failed => Reason::Failed,
+        model::dead::DeadReason::UnknownRecipient => Reason::UnknownRecipient,
+        model::dead::DeadReason::DestinationChanged => Reason::DestinationChanged,
+    })
 }
 
 /// After a step of message `id`'s delivery from `before` to `after`: keeps it as a dead letter
@@ -114,11 +98,11 @@ fn dead_reason(d: &Delivery) -> Option<Reason> {
 pub(super) fn on_step(
     tx: &Tx<'_>,
     id: &str,
-    before: &Delivery,
-    after: &Delivery,
+    (before, after): (&Delivery, &Delivery),
+    policy: &model::Policy,
     now: i64,
 ) -> Result<()> {
-    let (was, is) = (dead_reason(before), dead_reason(after));
+    let (was, is) = (dead_reason(before, policy), dead_reason(after, policy));
     if was == is {
         return Ok(());
     }
@@ -198,7 +182,10 @@ impl Service {
         }
         let now = self.now();
         let policy = self.policy.clone();
-        self.store.write(|tx| {
+        // A refused replay rolls back (the letter stays, its delivery is left as it was); what
+        // refused it is kept for a second look below.
+        let mut refused_as: Option<(String, String, Lineage)> = None;
+        let out = self.store.write(|tx| {
             let id = Self::dead_id(tx, given)?;
             let mut dead = tx
                 .dead_letter(&id)?
@@ -247,7 +234,11 @@ impl Service {
             // A replay that cannot be delivered either changes nothing: the letter stays.
             let sent = match send_in(tx, &draft, now, false)? {
                 Ok(sent) => sent,
-                Err(why) => return refused(format!("the replay was refused: {why}")),
+                Err(why) => {
+                    refused_as =
+                        Some((draft.from.to_owned(), draft.to.to_owned(), lineage.clone()));
+                    return refused(format!("the replay was refused: {why}"));
+                }
             };
             if !tx.mark_dead_letter(&id, Some(&sent.message.id), millis(now))? {
                 return refused(format!("dead letter {id} changed meanwhile; try again"));
@@ -264,7 +255,23 @@ impl Service {
                 dead_letter: dead,
                 sent,
             })
-        })
+        });
+        // When the replay's chain refused it, the chain's stop and its origin's one
+        // notification are committed on their own, as for any send that stops a chain (so a
+        // resume can lift it); a placement that would pass changes nothing.
+        if out.is_err()
+            && let Some((from, to, lineage)) = refused_as
+        {
+            self.store
+                .write(
+                    |tx| match super::chains::place(tx, (&from, &to), &lineage, &policy, now)? {
+                        Ok(_) => refused("the chain does not stop this replay"),
+                        Err(_) => Ok(()),
+                    },
+                )
+                .ok();
+        }
+        out
     }
 
     pub fn dead_drop(&mut self, given: &str) -> Result<DeadLetterRow> {

@@ -189,7 +189,7 @@ pub(super) fn steps_in(
             || (is == model::Class::Terminal && was != model::Class::Terminal));
     let due = schedule(&change, &record, agent.as_ref(), now);
     tx.save_delivery(id, &record, due, millis(now))?;
-    super::dead::on_step(tx, id, &row.record, &record, millis(now))?;
+    super::dead::on_step(tx, id, (&row.record, &record), policy, millis(now))?;
     for (kind, text) in &lines {
         tx.event(millis(now), Some(id), kind, text)?;
     }

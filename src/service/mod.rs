@@ -245,7 +245,9 @@ pub fn enrol(
     let mut record = model::enrol(core, duplicate_of);
     // Enrolled late (after `enabledAfter` moved back) in a chain cancelled meanwhile: it is
     // cancelled with its chain, never written.
-    if tx.in_cancelled_chain(&message.id)? {
+    if tx.in_cancelled_chain(&message.id)?
+        && !crate::planted::planted(crate::planted::Plant::EnrolIgnoresCancel)
+    {
         let release = EventKind::Release {
             note: Some("its chain was cancelled".to_owned()),
         };
@@ -268,10 +270,15 @@ pub fn enrol(
         },
         &message.id,
     )?;
-    let detail = if state == StateKind::Duplicate {
-        "enrolled as DUPLICATE of a live identical handoff; not sent".to_owned()
-    } else {
-        format!("enrolled for {}; WAITING", message.recipient)
+    let detail = match state {
+        StateKind::Duplicate => {
+            "enrolled as DUPLICATE of a live identical handoff; not sent".to_owned()
+        }
+        StateKind::Cancelled => format!(
+            "enrolled for {}; CANCELLED: its chain was cancelled, so it is never written",
+            message.recipient
+        ),
+        _ => format!("enrolled for {}; WAITING", message.recipient),
     };
     tx.event(millis(now), Some(&message.id), "delivery", &detail)?;
     Ok(Some(state))

@@ -246,12 +246,19 @@ impl Tx<'_> {
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
-    /// The message whose turn `request_id` is, when that turn is `agent`'s (a supervised
-    /// run: its program and everything it starts have `HANDOFFS_REQUEST_ID`).
+    /// The message whose turn `request_id` is, when that turn is `agent`'s: a supervised run
+    /// (its program and everything it starts have `HANDOFFS_REQUEST_ID`), or the write an
+    /// HTTP recipient received (its body's `request_id`, the delivery's current one).
     pub fn message_of_turn(&self, agent: &str, request_id: &str) -> Result<Option<String>> {
         Ok(self
             .tx
-            .prepare_cached("SELECT message_id FROM runs WHERE request_id = ?1 AND agent = ?2")?
+            .prepare_cached(
+                "SELECT message_id FROM runs WHERE request_id = ?1 AND agent = ?2
+                 UNION ALL
+                 SELECT message_id FROM deliveries
+                 WHERE recipient = ?2 AND json_extract(record, '$.core.request_id') = ?1
+                 LIMIT 1",
+            )?
             .query_row(params![request_id, agent], |r| r.get(0))
             .optional()?)
     }

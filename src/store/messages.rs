@@ -105,8 +105,15 @@ impl Tx<'_> {
         )? > 0)
     }
 
+    /// `agent`'s messages, newest first: all of them, or the unread ones (a handoff of a
+    /// cancelled chain is no news: its cancel's notification is).
     pub fn inbox(&self, agent: &str, all: bool, limit: i64) -> Result<Vec<MessageRow>> {
-        let filter = if all { "" } else { "AND read_at IS NULL" };
+        let filter = if all {
+            ""
+        } else {
+            "AND read_at IS NULL AND NOT (intent = 'handoff' AND EXISTS (SELECT 1 FROM chains c
+                 WHERE c.id = messages.chain_id AND c.state = 'cancelled'))"
+        };
         let mut st = self.tx.prepare_cached(&format!(
             "SELECT {MESSAGE_COLS} FROM messages WHERE recipient = ?1 {filter}
              ORDER BY seq DESC LIMIT ?2"

@@ -70,6 +70,11 @@ pub enum Command {
         /// At most this many seconds (1 to 3600).
         #[arg(long, default_value_t = 30)]
         timeout_seconds: u64,
+        /// Wake on a stop or cancel of the turn's chain only if it happened at or after this
+        /// moment (ms since the epoch): pass the `updated_at` of the chain a wait reported,
+        /// plus one, so a loop of waits is not woken by the same stop again.
+        #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i64).range(0..))]
+        since: i64,
     },
     /// List an agent's messages (unread unless --all).
     Inbox {
@@ -404,8 +409,10 @@ pub struct SendArgs {
     #[arg(long)]
     pub key: Option<String>,
     /// Continue the chain of this message (id or unique prefix), which the sender sent or
-    /// received. Without it, a send from a turn continues that turn's chain
-    /// (`HANDOFFS_REQUEST_ID`, or the sender's active delivery); any other starts one.
+    /// received. Without it, a send from a turn handoffs started continues that turn's chain
+    /// (the `HANDOFFS_REQUEST_ID` every command, Claude Code and Codex turn is given, or the
+    /// request id an HTTP recipient's write carried); any other send, or one with `--budget`,
+    /// starts one.
     #[arg(long, value_name = "ID")]
     pub parent: Option<String>,
     /// A new chain's budget: its hops and any units of your own, e.g.

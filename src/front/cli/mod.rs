@@ -147,7 +147,8 @@ pub fn run(cli: &Cli) -> Result<(), Failure> {
         Command::Wait {
             actor,
             timeout_seconds: t,
-        } => wait_cmd(cli, &actor.as_agent, *t),
+            since,
+        } => wait_cmd(cli, &actor.as_agent, *t, *since),
         Command::Read { id, actor } => read_cmd(cli, id, &actor.as_agent),
         Command::Accept { id, actor } => accept_cmd(cli, id, &actor.as_agent),
         Command::Return {
@@ -642,7 +643,7 @@ fn accept_cmd(cli: &Cli, id: &str, actor: &str) -> Result<(), Failure> {
 
 /// The one wait (SPEC §8.2): mail, the cancel or stop of the chain of the agent's turn, or
 /// the timeout, whichever comes first.
-fn wait_cmd(cli: &Cli, agent: &str, secs: u64) -> Result<(), Failure> {
+fn wait_cmd(cli: &Cli, agent: &str, secs: u64, since: i64) -> Result<(), Failure> {
     if !(1..=3_600).contains(&secs) {
         return Err(usage("--timeout-seconds must be 1 to 3600"));
     }
@@ -662,9 +663,10 @@ fn wait_cmd(cli: &Cli, agent: &str, secs: u64) -> Result<(), Failure> {
             message: format!("cannot start the wait: {e}"),
         })?;
     let changes = crate::service::Changes::watch(&db);
-    // One process, one wait: a chain stopped or cancelled at any time is news.
+    // One process, one wait: a chain stopped or cancelled since `since` (any time, by
+    // default) is news.
     let woken = rt.block_on(crate::service::changes::wait_until(
-        || s.wake_look(agent, None, 0),
+        || s.wake_look(agent, None, since),
         changes.as_ref().map(crate::service::Changes::subscribe),
         tokio::time::Instant::now() + std::time::Duration::from_secs(secs),
         std::future::pending(),

@@ -518,6 +518,12 @@ struct SendBody {
     /// The budget of the chain this send starts: unit → limit, e.g. {"hops": 6,
     /// "tokens": 200000} (`send --budget`).
     budget: Option<std::collections::BTreeMap<String, f64>>,
+    /// Continue the chain of this message, which the sender sent or received (`--parent`).
+    parent: Option<String>,
+    /// The turn the send comes from (`HANDOFFS_REQUEST_ID`, or the `request_id` of the write
+    /// an HTTP recipient received): its chain is continued. It names a turn of the sender's,
+    /// or nothing: it never falls back to whatever the sender happens to be working on.
+    request_id: Option<String>,
 }
 
 /// Units as the service reads them (`tokens=1200,usd=0.04`), or the 400 that refuses them.
@@ -611,6 +617,8 @@ async fn send(
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let lineage = crate::service::Lineage {
             budget,
+            parent: req.parent.clone(),
+            request_id: req.request_id.clone(),
             ..Default::default()
         };
         svc.send_as(
@@ -637,6 +645,9 @@ async fn send(
                     "id": sent.message.id,
                     "created": sent.created,
                     "delivery_state": sent.delivery_state,
+                    "chain_id": sent.message.chain_id,
+                    "parent_id": sent.message.parent_id,
+                    "hop": sent.message.hop,
                 })),
             )
                 .into_response()
