@@ -40,10 +40,13 @@ pub enum Plant {
     /// A message enrolled late (after `enabledAfter` passed) ignores that its chain was
     /// cancelled meanwhile: its delivery is queued and written.
     EnrolIgnoresCancel,
+    /// The MCP transport drops a request whose `params` is not an object, where it owes the
+    /// client an answer with the request's id (the client would wait forever).
+    McpDropsBadParams,
 }
 
 impl Plant {
-    pub const ALL: [Plant; 14] = [
+    pub const ALL: [Plant; 15] = [
         Plant::EnrolAfterCommit,
         Plant::NoSyncBeforeWrite,
         Plant::ResumeBesideLive,
@@ -58,6 +61,7 @@ impl Plant {
         Plant::ChainUnchecked,
         Plant::SpendSplit,
         Plant::EnrolIgnoresCancel,
+        Plant::McpDropsBadParams,
     ];
 
     /// Its name in `HANDOFFS_PLANT`.
@@ -77,6 +81,7 @@ impl Plant {
             Plant::ChainUnchecked => "chain_unchecked",
             Plant::SpendSplit => "spend_split",
             Plant::EnrolIgnoresCancel => "enrol_ignores_cancel",
+            Plant::McpDropsBadParams => "mcp_drops_bad_params",
         }
     }
 }

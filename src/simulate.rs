@@ -228,10 +228,7 @@ const CANCEL_IN_FLIGHT: f64 = 0.25;
 
 /// The handoff to `agent` whose write is reserved and not yet issued, if any.
 fn reserved_for(svc: &mut Service, agent: &str) -> Option<String> {
-    let sending = svc
-        .store_mut()
-        .read(|tx| tx.deliveries_in(&[StateKind::Sending], 100))
-        .ok()?;
+    let sending = svc.deliveries_in(&[StateKind::Sending], 100).ok()?;
     sending
         .into_iter()
         .find(|d| {
@@ -273,10 +270,7 @@ fn at_write(
                 let id = if moment == sim::agent::Moment::Looked {
                     reserved_for(svc, me)?
                 } else {
-                    svc.store_mut()
-                        .read(|tx| tx.message_of_turn(me, request_id))
-                        .ok()
-                        .flatten()?
+                    svc.message_of_turn(me, request_id).ok().flatten()?
                 };
                 let when = if moment == sim::agent::Moment::Looked {
                     "reserved"
@@ -299,22 +293,7 @@ fn at_write(
                 rng.random_range(0..others.len()),
                 rng.random_range(0..others.len()),
             ];
-            let (handoff, hop_budget) = svc
-                .store_mut()
-                .read(|tx| {
-                    let Some(m) = tx
-                        .message_of_turn(me, request_id)?
-                        .map(|id| tx.message(&id))
-                        .transpose()?
-                        .flatten()
-                    else {
-                        return Ok(None);
-                    };
-                    let budget = tx.chain(&m.chain_id)?.map(|c| c.hop_budget);
-                    Ok::<_, crate::store::StoreError>(Some((m, budget)))
-                })
-                .ok()
-                .flatten()?;
+            let (handoff, hop_budget) = svc.turn_handoff(me, request_id).ok().flatten()?;
             let ping = if hop_budget.is_some_and(|b| b <= RALLY_BUDGET) {
                 RALLY
             } else {
@@ -343,8 +322,7 @@ fn at_write(
                     short(&handoff.id)
                 );
                 let host = svc
-                    .store_mut()
-                    .read(|tx| tx.agent(to))
+                    .agent(to)
                     .ok()
                     .flatten()
                     .map(|a| registered_host(&a.settings))
@@ -984,8 +962,11 @@ fn heal(
         sim.bounce("engine");
     }
     // A person puts a re-registered agent back at its own address.
-    let moved: Vec<&String> = Store::open(db)
-        .and_then(|mut store| store.read(|tx: &crate::store::Tx<'_>| tx.agents()))
+    let moved: Vec<&String> = Service::open(db)
+        .and_then(|mut svc| {
+            svc.agents()
+                .map_err(|e| crate::store::StoreError::Io(e.to_string()))
+        })
         .map(|agents| {
             names
                 .iter()
@@ -1167,8 +1148,7 @@ async fn driver(
         let due = (work && rng.random_bool(0.3)).then_some(20);
         let body = format!("handoff {i} from {} to {}", names[from], names[to]);
         let host = svc
-            .store_mut()
-            .read(|tx| tx.agent(&names[to]))?
+            .agent(&names[to])?
             .map(|a| registered_host(&a.settings))
             .unwrap_or_default();
         let parent = links
@@ -1243,17 +1223,15 @@ fn cancel_under_way(
     if !rng.random_bool(0.15) {
         return Ok(());
     }
-    let under_way = svc.store_mut().read(|tx| {
-        tx.deliveries_in(
-            &[
-                StateKind::Sending,
-                StateKind::Uncertain,
-                StateKind::Accepted,
-                StateKind::Running,
-            ],
-            100,
-        )
-    })?;
+    let under_way = svc.deliveries_in(
+        &[
+            StateKind::Sending,
+            StateKind::Uncertain,
+            StateKind::Accepted,
+            StateKind::Running,
+        ],
+        100,
+    )?;
     if under_way.is_empty() {
         return Ok(());
     }
@@ -1278,10 +1256,7 @@ fn tend(
     // of the work returned to them.
     for name in names {
         for m in svc.inbox(name, false, 100)? {
-            let delivered = svc
-                .store_mut()
-                .read(|tx| tx.delivery(&m.id))?
-                .is_some_and(|d| d.record.kind() == StateKind::Returned);
+            let delivered = svc.delivery_state(&m.id)? == Some(StateKind::Returned);
             if m.work_id.is_none() && delivered && rng.random_bool(0.5) {
                 svc.read(&m.id, name)?;
                 note(trace, "driver", format!("{name} reads {}", short(&m.id)));
@@ -1300,19 +1275,14 @@ fn tend(
         }
     }
     *returned = kept;
-    let done = svc.store_mut().read(|tx| {
-        let mut out = Vec::new();
-        for w in tx.open_work(1_000)? {
-            if w.state.is_open()
-                && let Some(d) = tx.delivery(&w.id)?
-                && d.record.kind() == StateKind::Returned
-            {
-                out.push((w.id.clone(), w.recipient.clone(), w.sender.clone()));
-            }
-        }
-        Ok::<_, crate::store::StoreError>(out)
-    })?;
-    for (id, recipient, sender) in done {
+    let done = svc.open_work_returned(1_000)?;
+    for crate::service::WorkRow {
+        id,
+        recipient,
+        sender,
+        ..
+    } in done
+    {
         if !rng.random_bool(0.7) {
             continue;
         }

@@ -85,6 +85,9 @@ struct Facts {
     globs: BTreeSet<String>,
     /// An or-pattern naming both `Assigned` and `Accepted`: "work is open" spelled again.
     open_work_pattern: bool,
+    /// Transactions composed here: `.read(|tx| …)`, `.write(…)`, `.write_synced(…)` given a
+    /// closure, by method name.
+    closure_transactions: BTreeSet<String>,
 }
 
 impl<'ast> Visit<'ast> for Facts {
@@ -157,6 +160,12 @@ impl<'ast> Visit<'ast> for Facts {
 
     fn visit_expr_method_call(&mut self, call: &'ast syn::ExprMethodCall) {
         self.method_calls.insert(call.method.to_string());
+        let method = call.method.to_string();
+        if matches!(method.as_str(), "read" | "write" | "write_synced")
+            && matches!(call.args.first(), Some(syn::Expr::Closure(_)))
+        {
+            self.closure_transactions.insert(method);
+        }
         syn::visit::visit_expr_method_call(self, call);
     }
 
@@ -500,6 +509,78 @@ fn planted_front_violations_are_each_caught() {
         !facts_of("fn f(s: S) { if s == WorkState::Accepted { g(WorkState::Assigned) } }")
             .open_work_pattern
     );
+}
+
+/// What breaks "only the service and the store compose transactions" in file `rel`: the
+/// engine, the adapters, the fronts and the simulation call the store's named transactions
+/// (and the service's), so a second backend implements those and nothing else changes.
+fn transaction_problems(rel: &str, f: &Facts) -> Vec<String> {
+    let mut problems = Vec::new();
+    for m in &f.closure_transactions {
+        problems.push(format!(
+            "{rel} composes a transaction (.{m} with a closure)"
+        ));
+    }
+    if f.named.contains("Tx") {
+        problems.push(format!("{rel} names the store's transaction type Tx"));
+    }
+    if f.named.contains("store_mut") || f.method_calls.contains("store_mut") {
+        problems.push(format!(
+            "{rel} reaches into the service's store (store_mut)"
+        ));
+    }
+    problems
+}
+
+#[test]
+fn only_the_service_and_the_store_compose_transactions() {
+    let problems: Vec<String> = facts()
+        .iter()
+        .filter(|(rel, _)| !rel.starts_with("service/") && !rel.starts_with("store/"))
+        .flat_map(|(rel, f)| transaction_problems(rel, f))
+        .collect();
+    assert!(
+        problems.is_empty(),
+        "the store's API is its named transactions:\n{}",
+        problems.join("\n")
+    );
+}
+
+#[test]
+fn planted_transactions_outside_the_service_are_each_caught() {
+    let planted = [
+        (
+            "fn f(s: &mut S) { s.read(|tx| tx.due(1)); }",
+            ".read with a closure",
+        ),
+        (
+            "fn f(s: &mut S) { let _ = s.write(move |tx| { tx.set_due(a, b) }); }",
+            ".write with a closure",
+        ),
+        (
+            "fn f(s: &mut S) { s.write_synced(|t| g(t)); }",
+            ".write_synced",
+        ),
+        ("fn f(t: &Tx<'_>) {}", "Tx"),
+        ("fn f(s: &mut S) { s.store_mut().due(1); }", "store_mut"),
+    ];
+    for (text, expected) in planted {
+        let problems = transaction_problems("engine/mod.rs", &facts_of(text));
+        assert!(
+            problems.iter().any(|p| p.contains(expected)),
+            "not caught: {text:?} (found {problems:?})"
+        );
+    }
+    // A named transaction, and a read of something else, are fine.
+    for text in [
+        "fn f(s: &mut S) { s.due(1); s.finish_run(a, b, None, c, None); }",
+        "fn f(f: &mut File) { f.read(&mut buf); f.write(b\"x\"); }",
+    ] {
+        assert!(
+            transaction_problems("engine/mod.rs", &facts_of(text)).is_empty(),
+            "wrongly caught: {text:?}"
+        );
+    }
 }
 
 #[test]

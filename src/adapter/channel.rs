@@ -54,9 +54,7 @@ pub fn live_channel(
     agent: &AgentRow,
     holders: &[Holder],
 ) -> Option<(ChannelRow, Holder)> {
-    let channels = store
-        .read(|tx| tx.channels_for(&agent.id, &agent.endpoint))
-        .ok()?;
+    let channels = store.channels_for(&agent.id, &agent.endpoint).ok()?;
     channels.into_iter().find_map(|c| {
         let holder = holders
             .iter()
@@ -114,13 +112,9 @@ pub async fn write(
         created_at: now,
         pushed_at: None,
     };
-    let queued = service.borrow_mut().runs().write(|tx| {
-        // A retry after a refusal keeps its request id: the refused run (nothing was written)
-        // makes way for it.
-        tx.forget_refused_run(w.request_id)?;
-        tx.insert_run(&run)?;
-        tx.insert_push(&push)
-    });
+    // A retry after a refusal keeps its request id: the refused run (nothing was written)
+    // makes way for it.
+    let queued = service.borrow_mut().runs().queue_push(&run, &push);
     if let Err(e) = queued {
         return WriteOutcome::Refused {
             detail: format!("the card was not queued for the channel: {e}"),
@@ -131,7 +125,7 @@ pub async fn write(
         let taken = service
             .borrow_mut()
             .runs()
-            .read(|tx| tx.push(w.request_id))
+            .push(w.request_id)
             .map(|p| p.and_then(|p| p.pushed_at));
         match taken {
             Ok(Some(_)) => {
@@ -179,18 +173,14 @@ fn take_back(
     } else {
         "refused"
     };
-    let withdrawn = s.runs().write(|tx| {
-        let withdrawn = tx.withdraw_push(request_id)?;
-        if withdrawn {
-            tx.finish_run(request_id, now, None, outcome, Some(&detail))?;
-        }
-        Ok::<_, crate::store::StoreError>(withdrawn)
-    });
+    let withdrawn = s
+        .runs()
+        .withdraw_push_and_finish(request_id, now, outcome, &detail);
     match withdrawn {
         Ok(true) if busy.is_some() => WriteOutcome::Busy { detail },
         Ok(true) => WriteOutcome::Refused { detail },
         // Not there to take back: taken (a receipt), or taken back by another look (refused).
-        Ok(false) => match s.runs().read(|tx| tx.push(request_id)) {
+        Ok(false) => match s.runs().push(request_id) {
             Ok(Some(p)) if p.pushed_at.is_some() => WriteOutcome::Receipt {
                 turn: TurnId::new(request_id),
                 request_id: Some(RequestId::new(request_id)),
@@ -225,10 +215,7 @@ pub fn run_over(
         if listener_alive(db, push.listener) && !waited {
             return None;
         }
-        if store
-            .write(|tx| tx.withdraw_push(&push.request_id))
-            .unwrap_or(false)
-        {
+        if store.withdraw_push(&push.request_id).unwrap_or(false) {
             return Some((
                 "refused".to_owned(),
                 "the channel closed before it took the card; nothing was written".to_owned(),
@@ -319,12 +306,11 @@ pub fn still_going(
     run: &RunRow,
     now: i64,
 ) -> Option<bool> {
-    let push = store.read(|tx| tx.push(&run.request_id)).ok().flatten()?;
+    let push = store.push(&run.request_id).ok().flatten()?;
     match run_over(store, db, session, cwd, run, &push, now) {
         None => Some(true),
         Some((outcome, detail)) => {
-            let _ = store
-                .write(|tx| tx.finish_run(&run.request_id, now, None, &outcome, Some(&detail)));
+            let _ = store.finish_run(&run.request_id, now, None, &outcome, Some(&detail));
             Some(false)
         }
     }
@@ -352,7 +338,7 @@ impl Listener {
     pub fn open(db: &Path, agent: &str) -> Result<Listener, String> {
         let mut store = Store::open(db).map_err(|e| e.to_string())?;
         let agent = store
-            .read(|tx| tx.agent(agent))
+            .registered_agent(agent)
             .map_err(|e| e.to_string())?
             .ok_or_else(|| format!("unknown agent {agent:?}"))?;
         let agent = &agent;
@@ -395,7 +381,7 @@ impl Listener {
             claude_pid: i64::from(self.parent),
             opened_at: millis(crate::clock::now()),
         };
-        if self.store.write(|tx| tx.open_channel(&row)).is_ok() {
+        if self.store.open_channel(&row).is_ok() {
             self.session = session;
         }
     }
@@ -424,7 +410,7 @@ impl Listener {
         if status != "idle" {
             return Vec::new();
         }
-        let Ok(waiting) = self.store.read(|tx| tx.waiting_pushes(self.pid)) else {
+        let Ok(waiting) = self.store.waiting_pushes(self.pid) else {
             return Vec::new();
         };
         let mut out = Vec::new();
@@ -432,7 +418,7 @@ impl Listener {
             let now = millis(crate::clock::now());
             if self
                 .store
-                .write(|tx| tx.take_push(&p.request_id, self.pid, now))
+                .take_push(&p.request_id, self.pid, now)
                 .unwrap_or(false)
             {
                 let meta = serde_json::from_str::<Value>(&p.meta).unwrap_or(Value::Null);
@@ -444,13 +430,13 @@ impl Listener {
 
     /// Closes this process's channel: pushes wait for the engine to take them back.
     pub fn close(&mut self) {
-        let _ = self.store.write(|tx| tx.close_channel(self.pid));
+        let _ = self.store.close_channel(self.pid);
     }
 
     /// Closes the channel of this process on `db` (its listener may be gone).
     pub fn close_for_this_process(db: &Path) {
         if let Ok(mut store) = Store::open(db) {
-            let _ = store.write(|tx| tx.close_channel(i64::from(std::process::id())));
+            let _ = store.close_channel(i64::from(std::process::id()));
         }
     }
 }

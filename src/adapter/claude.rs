@@ -693,7 +693,7 @@ pub fn activity(service: &RefCell<dyn Host>, agent: &AgentRow) -> Activity {
     let mut service = service.borrow_mut();
     let db = service.db().to_owned();
     let now = millis(service.now());
-    let open = match service.runs().read(|tx| tx.open_runs_for(&agent.id)) {
+    let open = match service.runs().open_runs_for(&agent.id) {
         Ok(runs) => runs,
         Err(e) => {
             return Activity::Unknown {
@@ -846,7 +846,7 @@ pub fn observe(service: &RefCell<dyn Host>, agent: &AgentRow, request_id: &str) 
     let db = service.db().to_owned();
     let now = millis(service.now());
     let turn = TurnId::new(request_id);
-    match service.runs().read(|tx| tx.run(request_id)) {
+    match service.runs().run(request_id) {
         Ok(Some(run)) => {
             if run.outcome.is_some() {
                 return command::observed_of(&run, false);
@@ -860,7 +860,7 @@ pub fn observe(service: &RefCell<dyn Host>, agent: &AgentRow, request_id: &str) 
             if still_going(service.runs(), &db, &session, &agent.cwd, &run, now) {
                 return command::observed_of(&run, true);
             }
-            match service.runs().read(|tx| tx.run(request_id)) {
+            match service.runs().run(request_id) {
                 Ok(Some(fresh)) => command::observed_of(&fresh, false),
                 Ok(None) => Observed::NotFound,
                 Err(e) => Observed::Unreachable {
@@ -887,7 +887,7 @@ pub fn observe(service: &RefCell<dyn Host>, agent: &AgentRow, request_id: &str) 
 pub fn scan(service: &RefCell<dyn Host>, agent: &AgentRow, request_id: &str) -> ScanResult {
     let refused_or_none = {
         let mut s = service.borrow_mut();
-        match s.runs().read(|tx| tx.run(request_id)) {
+        match s.runs().run(request_id) {
             Ok(Some(run)) => super::command::wrote_nothing(run.outcome.as_deref()),
             Ok(None) => true,
             Err(_) => return ScanResult::NothingFound { complete: false },

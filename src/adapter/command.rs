@@ -222,20 +222,17 @@ pub(crate) fn still_running_or(
         Orphan::Running => true,
         Orphan::Gone => {
             let (outcome, detail) = gone(run);
-            let _ = store
-                .write(|tx| tx.finish_run(&run.request_id, now, None, &outcome, Some(&detail)));
+            let _ = store.finish_run(&run.request_id, now, None, &outcome, Some(&detail));
             false
         }
         Orphan::KilledAtTimeout => {
-            let _ = store.write(|tx| {
-                tx.finish_run(
-                    &run.request_id,
-                    now,
-                    None,
-                    "errored",
-                    Some("killed after its timeout; its supervisor was gone"),
-                )
-            });
+            let _ = store.finish_run(
+                &run.request_id,
+                now,
+                None,
+                "errored",
+                Some("killed after its timeout; its supervisor was gone"),
+            );
             false
         }
     }
@@ -312,7 +309,7 @@ pub async fn activity(
     let mut service = service.borrow_mut();
     let db = service.db().to_owned();
     let now = millis(service.now());
-    let open = match service.runs().read(|tx| tx.open_runs_for(&agent.id)) {
+    let open = match service.runs().open_runs_for(&agent.id) {
         Ok(runs) => runs,
         Err(e) => {
             return Activity::Unknown {
@@ -436,11 +433,7 @@ pub(crate) async fn start_supervised(
         Err(detail) => return WriteOutcome::Refused { detail },
     };
     // A refused or held run never ran: its row goes, so the retry (same request id) runs.
-    if let Err(e) = service
-        .borrow_mut()
-        .runs()
-        .write(|tx| tx.forget_refused_run(w.request_id))
-    {
+    if let Err(e) = service.borrow_mut().runs().forget_refused_run(w.request_id) {
         return WriteOutcome::Refused {
             detail: e.to_string(),
         };
@@ -476,7 +469,7 @@ async fn receipt(
     let started = std::time::Instant::now();
     let mut gone: Option<Option<i32>> = None;
     loop {
-        let found = service.borrow_mut().runs().read(|tx| tx.run(w.request_id));
+        let found = service.borrow_mut().runs().run(w.request_id);
         match found {
             Ok(Some(run)) if run.outcome.as_deref() == Some("refused") => {
                 return WriteOutcome::Refused {
@@ -628,7 +621,7 @@ pub async fn observe(
         let mut service = service.borrow_mut();
         let db = service.db().to_owned();
         let now = millis(service.now());
-        return match service.runs().read(|tx| tx.run(request_id)) {
+        return match service.runs().run(request_id) {
             Ok(Some(run)) => {
                 if run.outcome.is_some() {
                     return observed_of(&run, false);
@@ -637,7 +630,7 @@ pub async fn observe(
                     return observed_of(&run, true);
                 }
                 // Over: recorded by its supervisor meanwhile, or by us just now.
-                match service.runs().read(|tx| tx.run(request_id)) {
+                match service.runs().run(request_id) {
                     Ok(Some(fresh)) => observed_of(&fresh, false),
                     Ok(None) => Observed::NotFound,
                     Err(e) => Observed::Unreachable {
@@ -715,14 +708,14 @@ pub async fn scan(
         let mut service = service.borrow_mut();
         let db = service.db().to_owned();
         let now = millis(service.now());
-        return match service.runs().read(|tx| tx.run(request_id)) {
+        return match service.runs().run(request_id) {
             Ok(Some(run)) if !wrote_nothing(run.outcome.as_deref()) => {
                 let alive = run.outcome.is_none() && still_running(service.runs(), &db, &run, now);
                 let run = if alive {
                     run
                 } else {
                     // Read again: the outcome may have been recorded since.
-                    match service.runs().read(|tx| tx.run(request_id)) {
+                    match service.runs().run(request_id) {
                         Ok(Some(fresh)) => fresh,
                         _ => return ScanResult::NothingFound { complete: false },
                     }
@@ -838,7 +831,7 @@ pub async fn supervise(s: Supervise) -> i32 {
     };
     // Recorded before it starts: a supervisor killed right after the start still leaves a
     // row, and a request id that is already there is never run a second time.
-    if let Err(e) = store.write(|tx| tx.insert_run(&row)) {
+    if let Err(e) = store.insert_run(&row) {
         eprintln!("request {} is not run again: {e}", s.request_id);
         let _ = std::fs::remove_file(&lock_file);
         return 0;
@@ -924,7 +917,7 @@ fn refuse(store: &mut Store, s: &Supervise, detail: &str) {
 /// Records that nothing was written, and why (`outcome`: "refused" or [`HELD`]).
 fn finish_unwritten(store: &mut Store, s: &Supervise, outcome: &str, detail: &str) {
     let now = millis(crate::clock::now());
-    let _ = store.write(|tx| tx.finish_run(&s.request_id, now, None, outcome, Some(detail)));
+    let _ = store.finish_run(&s.request_id, now, None, outcome, Some(detail));
 }
 
 /// The write into a thread the Codex daemon serves, watched to its end.
@@ -953,7 +946,7 @@ async fn through_daemon(
         &s.request_id,
         log,
         &mut || {
-            let _ = store.write(|tx| tx.set_run_pid(&s.request_id, me));
+            let _ = store.set_run_pid(&s.request_id, me);
         },
         Duration::from_secs(s.timeout_secs),
     )
@@ -1028,7 +1021,7 @@ async fn watch_turn(
     // elsewhere or a session not found is a refusal, not a turn.
     let mut record_pid = || {
         if let Some(pid) = pid {
-            let _ = store.write(|tx| tx.set_run_pid(&s.request_id, i64::from(pid)));
+            let _ = store.set_run_pid(&s.request_id, i64::from(pid));
         }
     };
     if s.codex.is_none() && s.claude.is_none() {
@@ -1118,12 +1111,12 @@ fn record(
     detail: Option<&str>,
 ) {
     if outcome == super::codex::LEAVE_OPEN {
-        let _ = store.write(|tx| tx.leave_run_open(request_id, at));
+        let _ = store.leave_run_open(request_id, at);
         if let Some(d) = detail {
             eprintln!("request {request_id}: left open: {d}");
         }
     } else {
-        let _ = store.write(|tx| tx.finish_run(request_id, at, code, outcome, detail));
+        let _ = store.finish_run(request_id, at, code, outcome, detail);
     }
 }
 

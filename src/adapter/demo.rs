@@ -40,7 +40,7 @@ fn turn_ms(agent: &AgentRow) -> i64 {
 
 pub fn activity(service: &mut dyn Host, agent: &AgentRow) -> Activity {
     let now = millis(service.now());
-    let open = service.runs().read(|tx| tx.open_runs_for(&agent.id));
+    let open = service.runs().open_runs_for(&agent.id);
     match open {
         Ok(runs) => match runs.iter().find(|r| r.ends_at.is_some_and(|e| e > now)) {
             Some(r) => Activity::Busy {
@@ -69,7 +69,7 @@ pub fn start(service: &mut dyn Host, w: &Write<'_>) -> WriteOutcome {
         outcome: None,
         detail: None,
     };
-    match service.runs().write(|tx| tx.insert_run(&row)) {
+    match service.runs().insert_run(&row) {
         Ok(()) => {
             // The demo agent takes on work it was given as its turn starts, as a real one
             // would with `handoffs accept`.
@@ -91,7 +91,7 @@ pub fn start(service: &mut dyn Host, w: &Write<'_>) -> WriteOutcome {
 
 pub fn observe(service: &mut dyn Host, agent: &AgentRow, request_id: &str) -> Observed {
     let now = millis(service.now());
-    let run = match service.runs().read(|tx| tx.run(request_id)) {
+    let run = match service.runs().run(request_id) {
         Ok(r) => r,
         Err(e) => {
             return Observed::Unreachable {
@@ -118,12 +118,8 @@ pub fn observe(service: &mut dyn Host, agent: &AgentRow, request_id: &str) -> Ob
 fn finish(service: &mut dyn Host, agent: &AgentRow, run: &RunRow, now: i64) {
     let _ = service
         .runs()
-        .write(|tx| tx.finish_run(&run.request_id, now, Some(0), "returned", None));
-    let message = service
-        .runs()
-        .read(|tx| tx.message(&run.message_id))
-        .ok()
-        .flatten();
+        .finish_run(&run.request_id, now, Some(0), "returned", None);
+    let message = service.runs().run_message(&run.message_id).ok().flatten();
     if let Some(m) = message
         && m.kind == "work"
         && let Some(title) = &m.title
@@ -136,7 +132,7 @@ fn finish(service: &mut dyn Host, agent: &AgentRow, run: &RunRow, now: i64) {
 }
 
 pub fn scan(service: &mut dyn Host, request_id: &str) -> ScanResult {
-    match service.runs().read(|tx| tx.run(request_id)) {
+    match service.runs().run(request_id) {
         Ok(Some(_)) => ScanResult::Found {
             observed: Observed::Running {
                 turn: TurnId::new(request_id),

@@ -17,13 +17,13 @@
 use crate::adapter::outage;
 
 use crate::adapter::{Adapters, Write};
-use crate::service::{self, Service, ServiceError, card};
-use crate::store::{AgentRow, QUEUE_HEADS, Tx, millis, sibling};
+use crate::service::{self, Service, ServiceError, StepReads, card};
+use crate::store::{AgentRow, QUEUE_HEADS, millis, sibling};
 use futures_util::StreamExt;
 use futures_util::future::LocalBoxFuture;
 use futures_util::stream::FuturesUnordered;
 use model::states::BusyReason;
-use model::{Change, Delivery, Effect, Event, EventKind, Millis, PassFacts, Policy};
+use model::{Change, Delivery, Effect, Event, EventKind, Millis, Policy};
 use serde::Serialize;
 use serde_json::Value;
 use std::cell::{RefCell, RefMut};
@@ -119,7 +119,7 @@ async fn durable(ctx: &Ctx, svc: &RefCell<Service>) -> Result<(), ServiceError> 
     if let Some(e) = ctx.sync_failed.borrow().as_ref() {
         return Err(ServiceError::Refused(e.clone()));
     }
-    let mark = svc.borrow_mut().store_mut().changes_so_far();
+    let mark = svc.borrow().changes_so_far();
     tokio::task::yield_now().await;
     let synced = sync_or_stop(ctx, svc, mark)?;
     tracing::debug!(synced, "durable before the write");
@@ -132,7 +132,6 @@ fn sync_or_stop(ctx: &Ctx, svc: &RefCell<Service>, mark: u64) -> Result<bool, Se
         return Err(ServiceError::Refused(e.clone()));
     }
     svc.borrow_mut()
-        .store_mut()
         .sync_upto(mark)
         .map_err(|e| sync_failure(ctx, &e))
 }
@@ -154,7 +153,7 @@ type IdleSync = tokio::task::JoinHandle<Result<(), crate::store::StoreError>>;
 /// on stop. (`run` also syncs whenever it goes idle, on the blocking pool; the commits a
 /// write depends on are synced before it, [`durable`]; housekeeping commits with FULL.)
 fn sync_all(ctx: &Ctx, svc: &RefCell<Service>) -> Result<bool, ServiceError> {
-    let mark = svc.borrow_mut().store_mut().changes_so_far();
+    let mark = svc.borrow().changes_so_far();
     sync_or_stop(ctx, svc, mark)
 }
 
@@ -225,7 +224,6 @@ impl Engine {
         }
         // The engine commits lazily and syncs before each effect instead (group commit).
         service
-            .store_mut()
             .commit_lazily()
             .map_err(|e| EngineError::Io(e.to_string()))?;
         Ok(Engine {
@@ -340,12 +338,7 @@ impl Engine {
         self.last_report = Some(at);
         let value = serde_json::to_value(&*report).unwrap_or(Value::Null);
         let at = report.at;
-        if let Err(e) = self
-            .service
-            .borrow_mut()
-            .store_mut()
-            .write(|tx| tx.save_report(at, &value))
-        {
+        if let Err(e) = self.service.borrow_mut().save_engine_report(at, &value) {
             report.errors.push(e.to_string());
         }
     }
@@ -381,15 +374,7 @@ impl Engine {
             }
             Err(e) => report.errors.push(e.to_string()),
         }
-        self.next_reminder = self
-            .service
-            .borrow_mut()
-            .store_mut()
-            .read(|tx: &Tx<'_>| tx.next_reminder_at())
-            .ok()
-            .flatten()
-            .and_then(|t| u64::try_from(t).ok())
-            .map(Millis);
+        self.next_reminder = self.service.borrow_mut().next_reminder_at().ok().flatten();
     }
 
     /// Starts a job for every recipient with due deliveries that has none running yet; with
@@ -406,12 +391,11 @@ impl Engine {
         if self.ctx.sync_failed.borrow().is_some() {
             return 0;
         }
-        let now = millis(self.now());
+        let now = self.now();
         let due = self
             .service
             .borrow_mut()
-            .store_mut()
-            .read(|tx| tx.due(now, QUEUE_HEADS, PASS_DELIVERIES_MAX));
+            .due(now, QUEUE_HEADS, PASS_DELIVERIES_MAX);
         let due = match due {
             Ok(due) => due,
             Err(e) => {
@@ -452,101 +436,11 @@ impl Engine {
     /// Enrols handoffs that have no delivery yet, and sends due reminders (one each, as a
     /// non-waking notification).
     fn housekeeping(&mut self, reminders_may_be_due: bool) -> Result<(usize, usize), ServiceError> {
-        let now = self.now();
         let policy = self.ctx.policy.clone();
-        let work = |tx: &Tx<'_>| {
-            let after = service::enabled_after(tx)?;
-            let mut enrolled = 0;
-            for m in tx.unenrolled(after, 1_000)? {
-                if service::enrol(tx, &m, now)?.is_some() {
-                    enrolled += 1;
-                }
-            }
-            let mut reminders = 0;
-            // The store finds the candidates; the rule of SPEC §2.5 (`model::work`) decides.
-            let at = |ms: i64| Millis(u64::try_from(ms).unwrap_or(0));
-            let overdue = tx.overdue_unreminded(millis(now))?.into_iter().filter(|w| {
-                model::work::reminder_due(
-                    w.due_at.map(at),
-                    w.state.is_open(),
-                    w.reminded_at.map(at),
-                    at(millis(now)),
-                    &policy,
-                )
-            });
-            for mut w in overdue {
-                let body = format!(
-                    "Reminder: the work \"{}\" you gave to {} is past its due time and has not been returned.",
-                    w.title, w.recipient
-                );
-                let of = tx.message(&w.id)?;
-                let m = service::work_message(
-                    &w,
-                    of.as_ref(),
-                    (&w.recipient, &w.sender),
-                    body,
-                    ("notification", "reminder"),
-                    format!("overdue: {}", w.title),
-                    now,
-                );
-                tx.insert_message(&m)?;
-                w.reminded_at = Some(millis(now));
-                tx.update_work(&w)?;
-                tx.event(
-                    millis(now),
-                    Some(&w.id),
-                    "reminder",
-                    &format!("overdue; {} reminded", w.sender),
-                )?;
-                reminders += 1;
-            }
-            Ok((enrolled, reminders))
-        };
-        let mut svc = self.service.borrow_mut();
-        let store = svc.store_mut();
-        if reminders_may_be_due {
-            // Synced before it is committed, even on the engine's lazy connection: a reminder
-            // is a message someone may read at once, and a power cut must not take it back
-            // and have the next engine send another (G7, exactly once).
-            store.write_synced(work)
-        } else {
-            store.write(work)
-        }
+        self.service
+            .borrow_mut()
+            .housekeeping(&policy, reminders_may_be_due)
     }
-}
-
-/// The facts of SPEC §2.2 steps 1–6 for one delivery, read in the step's transaction.
-/// The reservation transaction's view of `id` (SPEC §2.2 step 8): an earlier active delivery
-/// to its recipient, and the permission as committed now (a block since the pass began holds
-/// it before an attempt is spent).
-fn reservation(tx: &Tx<'_>, id: &str) -> Result<EventKind, ServiceError> {
-    let m = tx
-        .message(id)?
-        .ok_or_else(|| ServiceError::NotFound(format!("message {id} is gone")))?;
-    Ok(EventKind::Reservation {
-        earlier_active: tx.active_for(&m.recipient, id)?.map(model::MessageId::new),
-        permission: service::permission(tx, &m.sender, &m.recipient)?,
-    })
-}
-
-fn facts(tx: &Tx<'_>, id: &str, one_shot: bool) -> Result<PassFacts, ServiceError> {
-    let m = tx
-        .message(id)?
-        .ok_or_else(|| ServiceError::NotFound(format!("message {id} is gone")))?;
-    let recipient = tx
-        .agent(&m.recipient)?
-        .as_ref()
-        .and_then(service::target_of);
-    Ok(PassFacts {
-        body_hash: m.body_hash.clone(),
-        read_by_recipient: m.read_at.is_some(),
-        work_open: service::work_open(tx, &m)?,
-        permission: service::permission(tx, &m.sender, &m.recipient)?,
-        recipient,
-        one_shot,
-        outage: None,
-        fresh_request_id: model::RequestId::new(crate::clock::new_id()),
-    })
 }
 
 /// When the engine should look at a delivery again, given its new record. A delivery that
@@ -638,7 +532,7 @@ async fn serve(
             // Rest it, so a row that cannot be stepped is not taken again at once.
             let mut s = svc.borrow_mut();
             let later = millis(s.now().plus_ms(FAILED_STEP_BACKOFF_MS));
-            if let Err(e) = s.store_mut().write(|tx| tx.set_due(&id, Some(later))) {
+            if let Err(e) = s.set_due(&id, Some(later)) {
                 report.errors.push(format!("{id}: {e}"));
             }
         }
@@ -646,9 +540,8 @@ async fn serve(
         if ids.is_empty() && follow && served < JOB_DELIVERIES_MAX {
             let more = {
                 let mut s = svc.borrow_mut();
-                let now = millis(s.now());
-                s.store_mut()
-                    .read(|tx| tx.due_for(&recipient, now, QUEUE_HEADS))
+                let now = s.now();
+                s.due_for(&recipient, now, QUEUE_HEADS)
             };
             match more {
                 Ok(more) => ids.extend(more),
@@ -685,7 +578,7 @@ fn apply(
     svc: &RefCell<Service>,
     id: &str,
     report: &mut PassReport,
-    event: impl FnOnce(&Tx<'_>) -> Result<EventKind, ServiceError>,
+    event: impl FnOnce(&StepReads<'_, '_>) -> Result<EventKind, ServiceError>,
 ) -> Result<Applied, ServiceError> {
     apply_all(
         ctx,
@@ -704,7 +597,7 @@ fn apply_all(
     svc: &RefCell<Service>,
     id: &str,
     report: &mut PassReport,
-    events: impl FnOnce(&Tx<'_>) -> Result<Vec<EventKind>, ServiceError>,
+    events: impl FnOnce(&StepReads<'_, '_>) -> Result<Vec<EventKind>, ServiceError>,
     follow: service::deliveries::Follow<'_>,
 ) -> Result<Applied, ServiceError> {
     let policy = &ctx.policy;
@@ -751,7 +644,8 @@ fn apply_all(
 fn in_transaction<'a>(
     ctx: &'a Ctx,
     id: &'a str,
-) -> impl FnMut(&Tx<'_>, &Delivery, &Effect) -> Result<Option<EventKind>, ServiceError> + 'a {
+) -> impl FnMut(&StepReads<'_, '_>, &Delivery, &Effect) -> Result<Option<EventKind>, ServiceError> + 'a
+{
     move |tx, record, effect| {
         let target = record.core().target();
         let quiet = || -> Result<Option<model::Activity>, ServiceError> {
@@ -763,7 +657,7 @@ fn in_transaction<'a>(
         };
         Ok(match effect {
             Effect::Reserve if !ctx.policy.planted(model::PlantedBug::ReserveAfterWrite) => {
-                Some(reservation(tx, id)?)
+                Some(tx.reservation(id)?)
             }
             Effect::CheckActivity => {
                 quiet()?.map(|activity| EventKind::ActivityObserved { activity })
@@ -776,7 +670,7 @@ fn in_transaction<'a>(
                 .map(|observed| EventKind::Observation { observed }),
             Effect::Prepare => match quiet()? {
                 Some(activity) => {
-                    let facts = facts(tx, id, ctx.one_shot)?;
+                    let facts = tx.facts(id, ctx.one_shot)?;
                     Some(EventKind::SendBoundary {
                         permission: facts.permission,
                         recipient: facts.recipient,
@@ -797,15 +691,8 @@ fn in_transaction<'a>(
 fn rest(ctx: &Ctx, svc: &RefCell<Service>, id: &str) -> Result<(), ServiceError> {
     let mut svc = svc.borrow_mut();
     let now = svc.now();
-    svc.store_mut().write(|tx| {
-        let Some(row) = tx.delivery(id)? else {
-            return Ok(());
-        };
-        if row.due_at.is_some_and(|d| d <= millis(now)) {
-            let agent = tx.agent(&row.recipient)?;
-            tx.set_due(id, due_after(&ctx.policy, &row.record, agent.as_ref(), now))?;
-        }
-        Ok::<_, ServiceError>(())
+    svc.rest(id, |record, agent| {
+        due_after(&ctx.policy, record, agent, now)
     })
 }
 
@@ -868,7 +755,7 @@ async fn deliver(
                 svc,
                 id,
                 report,
-                |tx| Ok(vec![reservation(tx, id)?]),
+                |tx| Ok(vec![tx.reservation(id)?]),
                 &mut in_transaction(ctx, id),
             )?,
             Effect::Prepare => {
@@ -877,7 +764,7 @@ async fn deliver(
                 }
                 let activity = adapters.activity(svc, &agent).await;
                 apply(ctx, svc, id, report, |tx| {
-                    let facts = facts(tx, id, one_shot)?;
+                    let facts = tx.facts(id, one_shot)?;
                     Ok(EventKind::SendBoundary {
                         permission: facts.permission,
                         recipient: facts.recipient,
@@ -946,11 +833,7 @@ async fn begin_pass(
     id: &str,
     report: &mut PassReport,
 ) -> Result<Applied, ServiceError> {
-    let config = svc
-        .borrow_mut()
-        .store_mut()
-        .read(|tx| tx.config("outageGuard"))?
-        .unwrap_or(Value::Null);
+    let config = svc.borrow_mut().config_value("outageGuard")?;
     let outage = ctx.guard.check(&ctx.adapters.http, &config).await;
     apply_all(
         ctx,
@@ -960,17 +843,11 @@ async fn begin_pass(
         |tx| {
             // A delivery of a cancelled chain that is waiting again (its marked turn was
             // turned away busy, refused, or failed with a resend planned) is cancelled too.
-            if tx
-                .chain_of_message(id)?
-                .is_some_and(|c| !c.rules().may_write(&ctx.policy))
-                && tx
-                    .delivery(id)?
-                    .is_some_and(|d| !d.record.is_settled() && !d.record.is_active())
-            {
+            if tx.waits_in_a_closed_chain(id, &ctx.policy)? {
                 let note = Some("its chain was cancelled".to_owned());
                 return Ok(vec![EventKind::Release { note }]);
             }
-            let mut facts = facts(tx, id, ctx.one_shot)?;
+            let mut facts = tx.facts(id, ctx.one_shot)?;
             facts.outage.clone_from(&outage);
             Ok(vec![EventKind::TimePassed, EventKind::PassStarted(facts)])
         },
@@ -1030,10 +907,7 @@ async fn planted_reserve_after_write(
     agent: &AgentRow,
     report: &mut PassReport,
 ) -> Result<Applied, ServiceError> {
-    let reservation = svc
-        .borrow_mut()
-        .store_mut()
-        .read(|tx| reservation(tx, id))?;
+    let reservation = svc.borrow_mut().reservation_facts(id)?;
     let now = svc.borrow().now();
     let reserved = model::step(
         current.clone(),
@@ -1045,10 +919,7 @@ async fn planted_reserve_after_write(
         return apply(ctx, svc, id, report, |_| Ok(reservation));
     }
     let activity = ctx.adapters.activity(svc, agent).await;
-    let facts = svc
-        .borrow_mut()
-        .store_mut()
-        .read(|tx| facts(tx, id, ctx.one_shot))?;
+    let facts = svc.borrow_mut().pass_facts(id, ctx.one_shot)?;
     let boundary = EventKind::SendBoundary {
         permission: facts.permission,
         recipient: facts.recipient,
@@ -1085,15 +956,7 @@ async fn write_now(
     request_id: &str,
     report: &mut PassReport,
 ) -> Result<model::WriteOutcome, ServiceError> {
-    let (message, work) = svc.borrow_mut().store_mut().read(|tx| {
-        let m = tx.message(id)?;
-        let w = match m.as_ref().and_then(|m| m.work_id.clone()) {
-            Some(w) => tx.work(&w)?,
-            None => None,
-        };
-        Ok::<_, ServiceError>((m, w))
-    })?;
-    let message = message.ok_or_else(|| ServiceError::NotFound(format!("message {id} is gone")))?;
+    let (message, work) = svc.borrow_mut().message_and_work(id)?;
     let text = card::card(&message, work.as_ref());
     let db = svc.borrow().db_path().to_owned();
     let write = Write {
@@ -1216,8 +1079,7 @@ impl Engine {
             let next_due = self
                 .service
                 .borrow_mut()
-                .store_mut()
-                .read(|tx| tx.next_due(QUEUE_HEADS))
+                .next_due(QUEUE_HEADS)
                 .ok()
                 .flatten();
             let mut wait = match next_due {
@@ -1246,8 +1108,8 @@ impl Engine {
             // simulation, whose worlds are replayed from a seed, syncs in line).
             if jobs.is_empty() && idle_sync.is_none() {
                 let mut s = self.service.borrow_mut();
-                let mark = s.store_mut().changes_so_far();
-                match s.store_mut().sync_elsewhere(mark) {
+                let mark = s.changes_so_far();
+                match s.sync_elsewhere(mark) {
                     Ok(None) => {}
                     Ok(Some(sync)) if self.files => {
                         idle_sync = Some(tokio::task::spawn_blocking(sync));

@@ -243,3 +243,10 @@ impl Service {
         })
     }
 }
+
+impl Service {
+    /// Agent `id` as registered now (exact id), if it is.
+    pub fn agent(&mut self, id: &str) -> Result<Option<AgentRow>> {
+        Ok(self.store.read(|tx| tx.agent(id))?)
+    }
+}

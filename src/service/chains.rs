@@ -857,3 +857,33 @@ impl Service {
         }))
     }
 }
+
+impl Service {
+    /// The message whose delivery to `agent` made the write `request_id` (a turn's handoff).
+    pub fn message_of_turn(&mut self, agent: &str, request_id: &str) -> Result<Option<String>> {
+        Ok(self
+            .store
+            .read(|tx| tx.message_of_turn(agent, request_id))?)
+    }
+
+    /// The handoff a turn (`agent`'s write `request_id`) works on, with its chain's hop
+    /// budget.
+    pub fn turn_handoff(
+        &mut self,
+        agent: &str,
+        request_id: &str,
+    ) -> Result<Option<(MessageRow, Option<i64>)>> {
+        self.store.read(|tx| {
+            let Some(m) = tx
+                .message_of_turn(agent, request_id)?
+                .map(|id| tx.message(&id))
+                .transpose()?
+                .flatten()
+            else {
+                return Ok(None);
+            };
+            let budget = tx.chain(&m.chain_id)?.map(|c| c.hop_budget);
+            Ok(Some((m, budget)))
+        })
+    }
+}

@@ -2,7 +2,7 @@
 //! both load the stored record, `step` it and record what changed in the same transaction
 //! (SPEC §5: commit before effect).
 
-use super::{Result, Service, ServiceError};
+use super::{Result, Service, ServiceError, StepReads};
 use crate::store::{AgentRow, QUEUE_HEADS, Tx, millis};
 use model::{Change, Delivery, Effect, Event, EventKind, Millis, Policy};
 
@@ -24,7 +24,8 @@ pub type Schedule<'a> = &'a dyn Fn(&Change, &Delivery, Option<&AgentRow>, Millis
 /// the database (a reservation's look for another active delivery, the activity of a
 /// recipient whose adapter has no activity source): the event it leads to, or `None` to stop
 /// there and hand the effect back.
-pub type Follow<'a> = &'a mut dyn FnMut(&Tx<'_>, &Delivery, &Effect) -> Result<Option<EventKind>>;
+pub type Follow<'a> =
+    &'a mut dyn FnMut(&StepReads<'_, '_>, &Delivery, &Effect) -> Result<Option<EventKind>>;
 
 impl Service {
     /// Applies one event to the stored delivery `id` in one transaction: the record as
@@ -35,7 +36,7 @@ impl Service {
         &mut self,
         id: &str,
         policy: &Policy,
-        event: impl FnOnce(&Tx<'_>) -> Result<EventKind>,
+        event: impl FnOnce(&StepReads<'_, '_>) -> Result<EventKind>,
         schedule: Schedule<'_>,
     ) -> Result<Committed> {
         self.commit_steps(
@@ -56,7 +57,7 @@ impl Service {
         &mut self,
         id: &str,
         policy: &Policy,
-        events: impl FnOnce(&Tx<'_>) -> Result<Vec<EventKind>>,
+        events: impl FnOnce(&StepReads<'_, '_>) -> Result<Vec<EventKind>>,
         follow: Follow<'_>,
         schedule: Schedule<'_>,
     ) -> Result<Committed> {
@@ -106,7 +107,7 @@ pub(super) fn steps_in(
     tx: &Tx<'_>,
     id: &str,
     policy: &Policy,
-    events: impl FnOnce(&Tx<'_>) -> Result<Vec<EventKind>>,
+    events: impl FnOnce(&StepReads<'_, '_>) -> Result<Vec<EventKind>>,
     follow: Follow<'_>,
     schedule: Schedule<'_>,
     now: Millis,
@@ -115,6 +116,7 @@ pub(super) fn steps_in(
     bool,
     Vec<(model::StateKind, model::StateKind, String)>,
 )> {
+    let reads = StepReads::new(tx);
     let mut by_person = false;
     let mut moves = Vec::new();
     let row = tx
@@ -124,12 +126,12 @@ pub(super) fn steps_in(
     let mut effects = std::collections::VecDeque::new();
     let mut change: Option<Change> = None;
     let mut lines: Vec<(&str, String)> = Vec::new();
-    let mut pending: std::collections::VecDeque<EventKind> = events(tx)?.into();
+    let mut pending: std::collections::VecDeque<EventKind> = events(&reads)?.into();
     loop {
         let kind = match pending.pop_front() {
             Some(kind) => kind,
             None => match effects.front() {
-                Some(effect) => match follow(tx, &record, effect)? {
+                Some(effect) => match follow(&reads, &record, effect)? {
                     Some(kind) => {
                         effects.pop_front();
                         kind
@@ -203,4 +205,23 @@ pub(super) fn steps_in(
         change,
     };
     Ok((committed, by_person, moves))
+}
+
+impl Service {
+    /// Deliveries now in one of `states`, at most `limit`.
+    pub fn deliveries_in(
+        &mut self,
+        states: &[model::StateKind],
+        limit: i64,
+    ) -> Result<Vec<super::DeliveryRow>> {
+        Ok(self.store.read(|tx| tx.deliveries_in(states, limit))?)
+    }
+
+    /// The state of the delivery of message `id` (exact id), if it has one.
+    pub fn delivery_state(&mut self, id: &str) -> Result<Option<model::StateKind>> {
+        Ok(self
+            .store
+            .read(|tx| tx.delivery(id))?
+            .map(|d| d.record.kind()))
+    }
 }

@@ -12,6 +12,8 @@ pub mod dead;
 pub mod deliveries;
 pub mod ledger;
 pub mod messages;
+pub mod pass;
+pub mod session;
 pub mod status;
 pub mod tasks;
 pub mod work;
@@ -24,6 +26,8 @@ pub use agents::AgentAdded;
 pub use chains::{ChainView, Lineage};
 pub use changes::Changes;
 pub use messages::Sent;
+pub use pass::StepReads;
+pub use session::Session;
 pub use status::{EngineHealth, Overview, Unenrolled};
 pub use work::{Outcome, work_message};
 
@@ -347,10 +351,6 @@ impl Service {
 
     /// The store, for the delivery side only (the engine, the simulation); fronts never call
     /// it (tests/architecture.rs checks).
-    pub(crate) fn store_mut(&mut self) -> &mut Store {
-        &mut self.store
-    }
-
     pub fn with_clock(store: Store, clock: Clock) -> Service {
         Service {
             store,

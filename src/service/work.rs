@@ -278,3 +278,23 @@ fn late_return(
     )?;
     Ok((w, ret))
 }
+
+impl Service {
+    /// Open work whose handoff's delivery is RETURNED (the recipient's turn is over), at
+    /// most `limit` looked at.
+    pub fn open_work_returned(&mut self, limit: i64) -> Result<Vec<WorkRow>> {
+        self.store.read(|tx| {
+            let mut out = Vec::new();
+            for w in tx.open_work(limit)? {
+                if w.state.is_open()
+                    && tx
+                        .delivery(&w.id)?
+                        .is_some_and(|d| d.record.kind() == model::StateKind::Returned)
+                {
+                    out.push(w);
+                }
+            }
+            Ok(out)
+        })
+    }
+}

@@ -301,3 +301,128 @@ impl Tx<'_> {
         Ok(())
     }
 }
+
+/// The named transactions of the run records: what adapters, their supervisors and the
+/// channel listener do with runs, channels and cards, each one transaction of its own (they
+/// compose no store query themselves).
+impl super::Store {
+    pub fn run(&mut self, request_id: &str) -> Result<Option<RunRow>> {
+        self.read(|tx| tx.run(request_id))
+    }
+
+    /// Runs of `agent` with no outcome yet, oldest first.
+    pub fn open_runs_for(&mut self, agent: &str) -> Result<Vec<RunRow>> {
+        self.read(|tx| tx.open_runs_for(agent))
+    }
+
+    pub fn insert_run(&mut self, r: &RunRow) -> Result<()> {
+        self.write(|tx| tx.insert_run(r))
+    }
+
+    /// Records how a run ended (once: a run with an outcome keeps it) and makes its delivery
+    /// due at once.
+    pub fn finish_run(
+        &mut self,
+        request_id: &str,
+        at: i64,
+        exit_code: Option<i64>,
+        outcome: &str,
+        detail: Option<&str>,
+    ) -> Result<()> {
+        self.write(|tx| tx.finish_run(request_id, at, exit_code, outcome, detail))
+    }
+
+    /// Forgets a run that wrote nothing (refused, held), so a retry may use its request id.
+    pub fn forget_refused_run(&mut self, request_id: &str) -> Result<()> {
+        self.write(|tx| tx.forget_refused_run(request_id))
+    }
+
+    pub fn leave_run_open(&mut self, request_id: &str, at: i64) -> Result<()> {
+        self.write(|tx| tx.leave_run_open(request_id, at))
+    }
+
+    pub fn run_marks(&mut self, request_id: &str) -> Result<(Option<i64>, Option<i64>)> {
+        self.read(|tx| tx.run_marks(request_id))
+    }
+
+    pub fn mark_run_missing(&mut self, request_id: &str, at: i64) -> Result<()> {
+        self.write(|tx| tx.mark_run_missing(request_id, at))
+    }
+
+    pub fn set_run_pid(&mut self, request_id: &str, pid: i64) -> Result<()> {
+        self.write(|tx| tx.set_run_pid(request_id, pid))
+    }
+
+    /// The message a run delivers.
+    pub fn run_message(&mut self, message_id: &str) -> Result<Option<super::MessageRow>> {
+        self.read(|tx| tx.message(message_id))
+    }
+
+    /// Whether the delivery of `message_id` holds its recipient (a write of it may be going).
+    pub fn delivery_is_active(&mut self, message_id: &str) -> Result<bool> {
+        Ok(self
+            .read(|tx| tx.delivery(message_id))?
+            .is_some_and(|d| d.record.is_active()))
+    }
+
+    /// Agent `id` as registered now.
+    pub fn registered_agent(&mut self, id: &str) -> Result<Option<super::AgentRow>> {
+        self.read(|tx| tx.agent(id))
+    }
+
+    pub fn open_channel(&mut self, c: &ChannelRow) -> Result<()> {
+        self.write(|tx| tx.open_channel(c))
+    }
+
+    pub fn close_channel(&mut self, pid: i64) -> Result<()> {
+        self.write(|tx| tx.close_channel(pid))
+    }
+
+    pub fn channels_for(&mut self, agent: &str, session: &str) -> Result<Vec<ChannelRow>> {
+        self.read(|tx| tx.channels_for(agent, session))
+    }
+
+    /// A channel write's run and its card, committed together; a refused run of the same
+    /// request id (a retry after a refusal: nothing was written) makes way for them.
+    pub fn queue_push(&mut self, run: &RunRow, push: &PushRow) -> Result<()> {
+        self.write(|tx| {
+            tx.forget_refused_run(&run.request_id)?;
+            tx.insert_run(run)?;
+            tx.insert_push(push)
+        })
+    }
+
+    pub fn push(&mut self, request_id: &str) -> Result<Option<PushRow>> {
+        self.read(|tx| tx.push(request_id))
+    }
+
+    pub fn waiting_pushes(&mut self, listener: i64) -> Result<Vec<PushRow>> {
+        self.read(|tx| tx.waiting_pushes(listener))
+    }
+
+    pub fn take_push(&mut self, request_id: &str, listener: i64, at: i64) -> Result<bool> {
+        self.write(|tx| tx.take_push(request_id, listener, at))
+    }
+
+    pub fn withdraw_push(&mut self, request_id: &str) -> Result<bool> {
+        self.write(|tx| tx.withdraw_push(request_id))
+    }
+
+    /// Takes back a card no listener took and records its run's end, in one transaction:
+    /// false (nothing recorded) when it was taken meanwhile.
+    pub fn withdraw_push_and_finish(
+        &mut self,
+        request_id: &str,
+        at: i64,
+        outcome: &str,
+        detail: &str,
+    ) -> Result<bool> {
+        self.write(|tx| {
+            let withdrawn = tx.withdraw_push(request_id)?;
+            if withdrawn {
+                tx.finish_run(request_id, at, None, outcome, Some(detail))?;
+            }
+            Ok(withdrawn)
+        })
+    }
+}

@@ -1094,7 +1094,7 @@ static PROBED: std::sync::Mutex<
 async fn standing(service: &RefCell<dyn Host>, agent: &AgentRow, run: &RunRow) -> Standing {
     let (db, now, marks) = {
         let mut s = service.borrow_mut();
-        let marks = s.runs().read(|tx| tx.run_marks(&run.request_id));
+        let marks = s.runs().run_marks(&run.request_id);
         (s.db().to_owned(), millis(s.now()), marks)
     };
     let marks = match marks {
@@ -1155,7 +1155,7 @@ async fn standing(service: &RefCell<dyn Host>, agent: &AgentRow, run: &RunRow) -
                 let _ = service
                     .borrow_mut()
                     .runs()
-                    .write(|tx| tx.mark_run_missing(&run.request_id, now));
+                    .mark_run_missing(&run.request_id, now);
                 Standing::Going
             }
         },
@@ -1171,10 +1171,13 @@ async fn standing(service: &RefCell<dyn Host>, agent: &AgentRow, run: &RunRow) -
         }
     }
     if let Standing::Over(outcome, detail) = &standing {
-        let _ = service
-            .borrow_mut()
-            .runs()
-            .write(|tx| tx.finish_run(&run.request_id, now, None, outcome, Some(detail)));
+        let _ = service.borrow_mut().runs().finish_run(
+            &run.request_id,
+            now,
+            None,
+            outcome,
+            Some(detail),
+        );
     }
     standing
 }
@@ -1392,11 +1395,7 @@ fn observed_of_found(found: &Found, turn: TurnId) -> Observed {
 
 pub async fn activity(service: &RefCell<dyn Host>, agent: &AgentRow) -> Activity {
     let thread = thread_of(agent);
-    let open = match service
-        .borrow_mut()
-        .runs()
-        .read(|tx| tx.open_runs_for(&agent.id))
-    {
+    let open = match service.borrow_mut().runs().open_runs_for(&agent.id) {
         Ok(runs) => runs,
         Err(e) => {
             return Activity::Unknown {
@@ -1419,10 +1418,8 @@ pub async fn activity(service: &RefCell<dyn Host>, agent: &AgentRow) -> Activity
                 let held = service
                     .borrow_mut()
                     .runs()
-                    .read(|tx| tx.delivery(&run.message_id))
-                    .ok()
-                    .flatten()
-                    .is_some_and(|d| d.record.is_active());
+                    .delivery_is_active(&run.message_id)
+                    .unwrap_or(false);
                 if held {
                     return Activity::Busy {
                         turn: Some(TurnId::new(&run.request_id)),
@@ -1531,7 +1528,7 @@ pub async fn start(service: &RefCell<dyn Host>, w: &Write<'_>) -> WriteOutcome {
 pub async fn observe(service: &RefCell<dyn Host>, agent: &AgentRow, request_id: &str) -> Observed {
     let thread = thread_of(agent);
     let db = service.borrow().db().to_owned();
-    let run = service.borrow_mut().runs().read(|tx| tx.run(request_id));
+    let run = service.borrow_mut().runs().run(request_id);
     match run {
         Ok(Some(run)) => {
             if run.outcome.is_some() {
@@ -1549,7 +1546,7 @@ pub async fn observe(service: &RefCell<dyn Host>, agent: &AgentRow, request_id: 
                 Standing::Unknown(detail) => return Observed::Unreachable { detail },
                 Standing::Over(..) => {}
             }
-            let fresh = service.borrow_mut().runs().read(|tx| tx.run(request_id));
+            let fresh = service.borrow_mut().runs().run(request_id);
             match fresh {
                 Ok(Some(fresh)) => command::observed_of(&fresh, false),
                 Ok(None) => Observed::NotFound,
@@ -1574,7 +1571,7 @@ pub async fn observe(service: &RefCell<dyn Host>, agent: &AgentRow, request_id: 
 pub async fn scan(service: &RefCell<dyn Host>, agent: &AgentRow, request_id: &str) -> ScanResult {
     let refused_or_none = {
         let mut s = service.borrow_mut();
-        match s.runs().read(|tx| tx.run(request_id)) {
+        match s.runs().run(request_id) {
             Ok(Some(run)) => super::command::wrote_nothing(run.outcome.as_deref()),
             Ok(None) => true,
             Err(_) => return ScanResult::NothingFound { complete: false },

@@ -24,7 +24,6 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::{Value, json};
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -121,8 +120,6 @@ struct Inner {
     ledger: Mutex<Option<Ledger>>,
     /// The project root, or why there is none.
     ledger_root: Result<PathBuf, String>,
-    /// Lease tokens this server obtained, by task, so an agent need not repeat them.
-    tokens: Mutex<HashMap<String, String>>,
     library: Option<Library>,
     tools: OnceLock<Vec<Tool>>,
     changes: OnceLock<Option<crate::service::Changes>>,
@@ -131,12 +128,9 @@ struct Inner {
     /// The engine's last verdict (a warning, or none when it is delivering) and until when it
     /// holds (ms).
     engine_verdict: Mutex<Option<(i64, Option<String>)>>,
-    /// The handoff this session last took up (read or accepted): the chain its sends and
-    /// spends continue when no turn of the agent is under way (SPEC §8.2 lineage).
-    session_work: Mutex<Option<String>>,
-    /// The moment after the last stop or cancel of its turn's chain a wait reported: each
-    /// wakes this session's waits once.
-    chain_seen: Mutex<i64>,
+    /// What the service keeps for this agent's session: the handoff it took up, its lease
+    /// tokens, the chain stops its waits reported.
+    session: Mutex<crate::service::Session>,
 }
 
 impl std::fmt::Debug for McpServer {
@@ -180,14 +174,12 @@ impl McpServer {
                 service: Mutex::new(service),
                 ledger: Mutex::new(None),
                 ledger_root,
-                tokens: Mutex::new(HashMap::new()),
                 library,
                 tools: OnceLock::new(),
                 changes: OnceLock::new(),
                 warnings: Mutex::new(Vec::new()),
                 engine_verdict: Mutex::new(None),
-                session_work: Mutex::new(None),
-                chain_seen: Mutex::new(0),
+                session: Mutex::new(crate::service::Session::new(agent)),
             }),
             channels: false,
         })
@@ -218,22 +210,22 @@ impl McpServer {
         })
     }
 
-    /// The handoff this session last took up, if any.
-    pub(crate) fn session_work(&self) -> Option<String> {
+    /// The service's record of this session.
+    fn session(&self) -> std::sync::MutexGuard<'_, crate::service::Session> {
         self.inner
-            .session_work
+            .session
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+    }
+
+    /// The handoff this session last took up, if any.
+    pub(crate) fn session_work(&self) -> Option<String> {
+        self.session().taken_up().map(str::to_owned)
     }
 
     /// The session takes up handoff `id` (it read or accepted it).
     pub(crate) fn take_up(&self, id: &str) {
-        *self
-            .inner
-            .session_work
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(id.to_owned());
+        self.session().take_up(id);
     }
 
     fn service(&self) -> std::sync::MutexGuard<'_, Service> {
@@ -276,29 +268,20 @@ impl McpServer {
 
     /// Keeps the lease token a claim returned, so later calls on the task need not repeat it.
     fn remember_lease(&self, task_id: &str, token: &str) {
-        self.inner
-            .tokens
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(task_id.to_owned(), token.to_owned());
+        self.session().keep_lease(task_id, token);
     }
 
+    /// The token a call gave, else the one this session holds for the task.
     fn token(&self, task_id: &str, given: Option<String>) -> Result<String, ToolError> {
         if let Some(t) = given {
             return Ok(t);
         }
-        let tokens = self
-            .inner
-            .tokens
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        tokens
-            .iter()
-            .find(|(k, _)| k.starts_with(task_id))
-            .map(|(_, v)| v.clone())
+        self.session()
+            .lease_token(task_id)
+            .map(str::to_owned)
             .ok_or_else(|| {
                 ToolError(format!(
-                    "give lease_token: this server holds no lease on task {task_id} (claim_handoff returns one)"
+                    "give lease_token: this session holds no lease on task {task_id} alone (claim_handoff returns one)"
                 ))
             })
     }
@@ -443,11 +426,7 @@ impl McpServer {
         }
         let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
         let session = self.session_work();
-        let since = *self
-            .inner
-            .chain_seen
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let since = self.session().chain_seen();
         let woken = crate::service::changes::wait_until(
             || {
                 self.service()
@@ -470,11 +449,7 @@ impl McpServer {
                     "messages": w.messages.iter().map(summary_of).collect::<Vec<_>>(),
                 });
                 if let Some(c) = &w.chain {
-                    *self
-                        .inner
-                        .chain_seen
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner) = c.updated_at + 1;
+                    self.session().saw_chain(c.updated_at);
                     v["chain"] = json!({
                         "id": c.id, "state": c.state, "reason": c.stopped_reason,
                         "hops": c.hops, "hop_budget": c.hop_budget,
@@ -609,17 +584,7 @@ pub fn serve_stdio(
         .build()
         .map_err(|e| ServiceError::Refused(format!("cannot start the runtime: {e}")))?;
     rt.block_on(async move {
-        use rmcp::ServiceExt as _;
-        let stdio = transport::Lines::new(tokio::io::stdin(), tokio::io::stdout());
-        let running = server
-            .serve(Opening {
-                inner: stdio,
-                open: false,
-            })
-            .await
-            .map_err(|e| {
-                ServiceError::Refused(format!("MCP session ended before it began: {e}"))
-            })?;
+        let running = start(server, tokio::io::stdin(), tokio::io::stdout()).await?;
         if let Some(mut listener) = listener {
             let peer = running.peer().clone();
             let pushing = tokio::spawn(async move {
@@ -657,6 +622,39 @@ pub fn serve_stdio(
         let _ = running.waiting().await;
         Ok(())
     })
+}
+
+/// Serves MCP over a pair of byte streams, one JSON-RPC message per line, until the input
+/// ends and every answer is written: what `handoffs mcp` does over stdio, and what the fuzz
+/// target (`fuzz/fuzz_targets/mcp_lines.rs`) drives in memory.
+pub async fn serve_lines<R, W>(server: McpServer, read: R, write: W) -> Result<(), ServiceError>
+where
+    R: tokio::io::AsyncRead + Unpin + Send + 'static,
+    W: tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let running = start(server, read, write).await?;
+    let _ = running.waiting().await;
+    Ok(())
+}
+
+/// Opens the MCP session over `read` and `write` (the handshake included).
+async fn start<R, W>(
+    server: McpServer,
+    read: R,
+    write: W,
+) -> Result<rmcp::service::RunningService<RoleServer, McpServer>, ServiceError>
+where
+    R: tokio::io::AsyncRead + Unpin + Send + 'static,
+    W: tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    use rmcp::ServiceExt as _;
+    server
+        .serve(Opening {
+            inner: transport::Lines::new(read, write),
+            open: false,
+        })
+        .await
+        .map_err(|e| ServiceError::Refused(format!("MCP session ended before it began: {e}")))
 }
 
 /// The stdio transport, minus what a client may send before its session opens: a notification

@@ -73,6 +73,7 @@ pub fn judge(line: &[u8]) -> Line {
         && !params.is_null()
     {
         return match id {
+            Some(_) if crate::planted(crate::Plant::McpDropsBadParams) => Line::Skip,
             Some(id) => Line::Answer(error(
                 &id,
                 -32602,
