@@ -1500,6 +1500,17 @@ fn person_releases(
 
 /// The deliveries as the oracle reads them: plain rows from the stored records.
 fn delivery_rows(c: &rusqlite::Connection) -> Result<Vec<oracle::DeliveryRow>, String> {
+    // Where each agent is registered now, by the route settings a delivery freezes.
+    let mut agents = c
+        .prepare_cached("SELECT id, settings FROM agents")
+        .map_err(|e| e.to_string())?;
+    let registered: std::collections::BTreeMap<String, Value> = agents
+        .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+        .and_then(Iterator::collect::<rusqlite::Result<Vec<_>>>)
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .map(|(id, s)| (id, serde_json::from_str(&s).unwrap_or(Value::Null)))
+        .collect();
     let mut st = c
         .prepare_cached("SELECT message_id, recipient, record FROM deliveries ORDER BY seq")
         .map_err(|e| e.to_string())?;
@@ -1518,7 +1529,15 @@ fn delivery_rows(c: &rusqlite::Connection) -> Result<Vec<oracle::DeliveryRow>, S
             .map(ToString::to_string)
             .collect();
         request_ids.push(core.request_id().to_string());
+        // The route a record freezes holds each routing setting as its JSON text.
+        let destination_restored = registered.get(&recipient).is_some_and(|settings| {
+            model::ROUTE_SETTINGS.iter().all(|k| {
+                core.target().route.get(*k).map(String::as_str)
+                    == settings.get(*k).map(Value::to_string).as_deref()
+            })
+        });
         out.push(oracle::DeliveryRow {
+            destination_restored,
             id,
             recipient,
             state: record.kind().as_str().to_owned(),

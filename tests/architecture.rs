@@ -85,10 +85,25 @@ struct Facts {
     globs: BTreeSet<String>,
     /// An or-pattern naming both `Assigned` and `Accepted`: "work is open" spelled again.
     open_work_pattern: bool,
-    /// Transactions composed here: `.read(|tx| …)`, `.write(…)`, `.write_synced(…)` given a
-    /// closure, by method name.
+    /// Transactions composed here: `.read(|tx| …)`, `.write(…)`, `.write_synced(…)` (or
+    /// `Store::write(s, …)`) given a closure, or a local bound to one, also inside a macro's
+    /// tokens, by method name.
     closure_transactions: BTreeSet<String>,
+    /// Locals bound to a closure (`let work = |tx| …;`), so a transaction handed one counts.
+    closures: BTreeSet<String>,
 }
+
+/// An expression without the parentheses, references and casts around it.
+fn bare(e: &syn::Expr) -> &syn::Expr {
+    match e {
+        syn::Expr::Paren(p) => bare(&p.expr),
+        syn::Expr::Reference(r) => bare(&r.expr),
+        syn::Expr::Group(g) => bare(&g.expr),
+        _ => e,
+    }
+}
+
+const TRANSACTIONS: [&str; 3] = ["read", "write", "write_synced"];
 
 impl<'ast> Visit<'ast> for Facts {
     fn visit_item_mod(&mut self, m: &'ast syn::ItemMod) {
@@ -161,12 +176,33 @@ impl<'ast> Visit<'ast> for Facts {
     fn visit_expr_method_call(&mut self, call: &'ast syn::ExprMethodCall) {
         self.method_calls.insert(call.method.to_string());
         let method = call.method.to_string();
-        if matches!(method.as_str(), "read" | "write" | "write_synced")
-            && matches!(call.args.first(), Some(syn::Expr::Closure(_)))
-        {
+        if TRANSACTIONS.contains(&method.as_str()) && call.args.iter().any(|a| self.is_closure(a)) {
             self.closure_transactions.insert(method);
         }
         syn::visit::visit_expr_method_call(self, call);
+    }
+
+    /// `Store::write(&mut s, |tx| …)`: the method called through its type.
+    fn visit_expr_call(&mut self, call: &'ast syn::ExprCall) {
+        if let syn::Expr::Path(p) = bare(&call.func)
+            && p.path.segments.len() >= 2
+            && let Some(last) = p.path.segments.last()
+            && TRANSACTIONS.contains(&last.ident.to_string().as_str())
+            && call.args.iter().any(|a| self.is_closure(a))
+        {
+            self.closure_transactions.insert(last.ident.to_string());
+        }
+        syn::visit::visit_expr_call(self, call);
+    }
+
+    fn visit_local(&mut self, local: &'ast syn::Local) {
+        if let syn::Pat::Ident(name) = &local.pat
+            && let Some(init) = &local.init
+            && matches!(bare(&init.expr), syn::Expr::Closure(_))
+        {
+            self.closures.insert(name.ident.to_string());
+        }
+        syn::visit::visit_local(self, local);
     }
 
     fn visit_pat_or(&mut self, p: &'ast syn::PatOr) {
@@ -228,9 +264,37 @@ impl Facts {
         }
     }
 
+    /// A closure, or a local bound to one.
+    fn is_closure(&self, e: &syn::Expr) -> bool {
+        match bare(e) {
+            syn::Expr::Closure(_) => true,
+            syn::Expr::Path(p) => p
+                .path
+                .get_ident()
+                .is_some_and(|i| self.closures.contains(&i.to_string())),
+            _ => false,
+        }
+    }
+
     fn tokens(&mut self, stream: proc_macro2::TokenStream) {
         use proc_macro2::{Delimiter, TokenTree};
         let trees: Vec<TokenTree> = stream.into_iter().collect();
+        // `. read ( | …` (or `move |`) in a macro's tokens: a transaction composed there.
+        for w in trees.windows(3) {
+            if let (TokenTree::Punct(dot), TokenTree::Ident(m), TokenTree::Group(g)) =
+                (&w[0], &w[1], &w[2])
+                && dot.as_char() == '.'
+                && TRANSACTIONS.contains(&m.to_string().as_str())
+                && g.delimiter() == Delimiter::Parenthesis
+                && g.stream().into_iter().next().is_some_and(|t| match t {
+                    TokenTree::Punct(p) => p.as_char() == '|',
+                    TokenTree::Ident(i) => i == "move",
+                    _ => false,
+                })
+            {
+                self.closure_transactions.insert(m.to_string());
+            }
+        }
         // `crate` then `::` (two puncts) then a name: a path into a top-level module.
         let mut after_crate = 0;
         let mut or_names = BTreeSet::new();
@@ -534,7 +598,20 @@ fn transaction_problems(rel: &str, f: &Facts) -> Vec<String> {
 
 #[test]
 fn only_the_service_and_the_store_compose_transactions() {
-    let problems: Vec<String> = facts()
+    let all = facts();
+    // The layers this rule is about are among the files read.
+    for file in [
+        "engine/mod.rs",
+        "simulate.rs",
+        "adapter/command.rs",
+        "front/mcp/mod.rs",
+    ] {
+        assert!(
+            all.iter().any(|(rel, _)| rel == file),
+            "{file} is not among the files checked"
+        );
+    }
+    let problems: Vec<String> = all
         .iter()
         .filter(|(rel, _)| !rel.starts_with("service/") && !rel.starts_with("store/"))
         .flat_map(|(rel, f)| transaction_problems(rel, f))
@@ -563,6 +640,26 @@ fn planted_transactions_outside_the_service_are_each_caught() {
         ),
         ("fn f(t: &Tx<'_>) {}", "Tx"),
         ("fn f(s: &mut S) { s.store_mut().due(1); }", "store_mut"),
+        (
+            "fn f(s: &mut S) { let work = |tx: &T| g(tx); s.write(work); }",
+            ".write with a closure",
+        ),
+        (
+            "fn f(s: &mut S) { Store::write(&mut s, |tx| g(tx)); }",
+            ".write with a closure",
+        ),
+        (
+            "fn f(s: &mut S) { s.read((|tx| g(tx))); }",
+            ".read with a closure",
+        ),
+        (
+            "async fn f(s: &mut S) { tokio::select! { _ = x => s.read(|tx| g(tx)) } }",
+            ".read with a closure",
+        ),
+        (
+            "fn f(s: &mut S) { m!(s.write(move |tx| g(tx))); }",
+            ".write with a closure",
+        ),
     ];
     for (text, expected) in planted {
         let problems = transaction_problems("engine/mod.rs", &facts_of(text));

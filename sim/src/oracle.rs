@@ -51,6 +51,9 @@ pub struct DeliveryRow {
     pub had_receipt: bool,
     /// UNAVAILABLE because its destination changed since it was queued.
     pub destination_changed: bool,
+    /// The recipient is registered again where this delivery was queued (by its record's
+    /// frozen route): an UNAVAILABLE for a changed destination no longer has its reason.
+    pub destination_restored: bool,
     /// CANCELLED by history scans: how many empty scans, from the first to the last.
     pub cancelled_by_scans: Option<(u32, Duration)>,
 }
@@ -768,13 +771,13 @@ pub fn g8_durability(run: &Run) -> Verdict {
 }
 
 /// Whether a delivery has settled for good: terminal (FAILED only with no resend planned),
-/// or pending for a reason that still holds (a destination that changed since). Every other
-/// state is unsettled, whatever its reason.
+/// or pending for a reason that still holds (a destination that changed since, and is not
+/// registered as it was again). Every other state is unsettled, whatever its reason.
 pub fn settled(d: &DeliveryRow) -> bool {
     match d.state.as_str() {
         "RETURNED" | "ACKNOWLEDGED" | "DUPLICATE" | "CANCELLED" => true,
         "FAILED" => !d.resend_pending,
-        "UNAVAILABLE" => d.destination_changed,
+        "UNAVAILABLE" => d.destination_changed && !d.destination_restored,
         _ => false,
     }
 }
@@ -1053,7 +1056,7 @@ pub fn held(run: &Run) -> Verdict {
 mod tests {
     use super::{
         ChainBudgetRow, DeliveryRow, EventRow, HoldRow, Run, WriteRow, budgets, chains,
-        g3_never_interrupt, held,
+        g3_never_interrupt, held, settled,
     };
     use crate::agent::Received;
     use std::time::Duration;
@@ -1141,6 +1144,7 @@ mod tests {
                 resend_pending: false,
                 had_receipt: false,
                 destination_changed: false,
+                destination_restored: false,
                 cancelled_by_scans: None,
             }],
             events: vec![EventRow {
@@ -1157,6 +1161,21 @@ mod tests {
             }],
             ..Run::default()
         }
+    }
+
+    /// Seed 2804 of the soak: the run was judged settled while deliveries stayed UNAVAILABLE
+    /// for a destination their recipient was registered at again (an outage kept them there
+    /// until the heal), so it ended before the engine could take them up.
+    #[test]
+    fn an_unavailable_whose_destination_is_restored_is_not_settled() {
+        let mut d = reserved_at(0).deliveries.remove(0);
+        d.state = "UNAVAILABLE".to_owned();
+        d.destination_changed = true;
+        assert!(settled(&d));
+        d.destination_restored = true;
+        assert!(!settled(&d));
+        d.destination_changed = false;
+        assert!(!settled(&d));
     }
 
     #[test]

@@ -691,7 +691,7 @@ fn in_transaction<'a>(
 fn rest(ctx: &Ctx, svc: &RefCell<Service>, id: &str) -> Result<(), ServiceError> {
     let mut svc = svc.borrow_mut();
     let now = svc.now();
-    svc.rest(id, |record, agent| {
+    svc.rest(id, now, |record, agent| {
         due_after(&ctx.policy, record, agent, now)
     })
 }

@@ -349,8 +349,8 @@ impl Service {
         self.store.data_version()
     }
 
-    /// The store, for the delivery side only (the engine, the simulation); fronts never call
-    /// it (tests/architecture.rs checks).
+    /// A service over `store` that reads the time from `clock` (the simulation's virtual
+    /// clock, a test's fixed one).
     pub fn with_clock(store: Store, clock: Clock) -> Service {
         Service {
             store,

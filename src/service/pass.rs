@@ -152,15 +152,16 @@ impl Service {
         Ok(self.store.write(|tx| tx.set_due(id, at))?)
     }
 
-    /// The end of a pass that recorded nothing: if `id` is still due, it is looked at again
-    /// when `after` says (from its record and its recipient as registered), in one
+    /// The end of a pass that recorded nothing: if `id` is still due at `now`, it is looked
+    /// at again when `after` says (from its record and its recipient as registered), in one
     /// transaction, so a commit meanwhile (a wake) is never overwritten.
     pub fn rest(
         &mut self,
         id: &str,
+        now: Millis,
         after: impl FnOnce(&Delivery, Option<&AgentRow>) -> Option<i64>,
     ) -> Result<()> {
-        let now = millis(self.now());
+        let now = millis(now);
         self.store.write(|tx| {
             let Some(row) = tx.delivery(id)? else {
                 return Ok(());

@@ -59,6 +59,9 @@ pub(crate) async fn connect(home: &Path) -> Result<Option<Rpc>, String> {
     }
 }
 
+/// The most pages of loaded threads one look reads (200 threads a page).
+const LOADED_PAGES_MAX: usize = 50;
+
 /// The daemon of `home`, introduced, when it has `thread` loaded (the thread is open in a
 /// person's session); `None` when no daemon runs or it does not serve the thread.
 pub(crate) async fn serving(home: &Path, thread: &str) -> Result<Option<Rpc>, String> {
@@ -70,7 +73,10 @@ pub(crate) async fn serving(home: &Path, thread: &str) -> Result<Option<Rpc>, St
             .await
             .map_err(|_| "no answer to initialize".to_owned())??;
         let mut cursor = Value::Null;
-        loop {
+        // A daemon that keeps answering with cursors never ends a look: bounded by pages,
+        // and a cursor seen before ends the list.
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..LOADED_PAGES_MAX {
             let page = rpc
                 .call_within(
                     PROBE_TIMEOUT,
@@ -87,10 +93,18 @@ pub(crate) async fn serving(home: &Path, thread: &str) -> Result<Option<Rpc>, St
                 return Ok(true);
             }
             match &page["nextCursor"] {
-                Value::String(c) if !c.is_empty() => cursor = Value::String(c.clone()),
+                Value::String(c) if !c.is_empty() && seen.insert(c.clone()) => {
+                    cursor = Value::String(c.clone());
+                }
+                Value::String(c) if !c.is_empty() => {
+                    return Err(format!("thread/loaded/list repeated its cursor {c:?}"));
+                }
                 _ => return Ok::<bool, String>(false),
             }
         }
+        Err(format!(
+            "thread/loaded/list went on past {LOADED_PAGES_MAX} pages"
+        ))
     }
     .await;
     match served {

@@ -924,6 +924,12 @@ async fn give_up(
     no_progress: Duration,
 ) -> (String, Option<String>) {
     let secs = no_progress.as_secs();
+    // Which Codex it was, as in every run's record (`initialize` answered before any turn).
+    let codex = rpc
+        .version
+        .as_ref()
+        .map(|v| format!("codex {v}: "))
+        .unwrap_or_default();
     if let Some(t) = turn {
         let _ = rpc
             .call(
@@ -942,7 +948,9 @@ async fn give_up(
         let _ = tokio::time::timeout(Duration::from_secs(10), ended).await;
         return (
             "errored".to_owned(),
-            Some(format!("no progress in {secs}s; the turn was interrupted")),
+            Some(format!(
+                "{codex}no progress in {secs}s; the turn was interrupted"
+            )),
         );
     }
     // Never started: take it out of the queue, so it cannot run later.
@@ -952,19 +960,19 @@ async fn give_up(
         Ok(true) => (
             "errored".to_owned(),
             Some(format!(
-                "the queued message did not start in {secs}s and was taken out of the queue"
+                "{codex}the queued message did not start in {secs}s and was taken out of the queue"
             )),
         ),
         Ok(false) => (
             LEAVE_OPEN.to_owned(),
             Some(format!(
-                "the message was not seen to start in {secs}s and is no longer queued"
+                "{codex}the message was not seen to start in {secs}s and is no longer queued"
             )),
         ),
         Err(e) => (
             LEAVE_OPEN.to_owned(),
             Some(format!(
-                "the message did not start in {secs}s and could not be taken out of the queue ({e})"
+                "{codex}the message did not start in {secs}s and could not be taken out of the queue ({e})"
             )),
         ),
     }
@@ -1379,15 +1387,45 @@ fn rollout_modified_ms(thread: &Thread) -> Option<i64> {
     i64::try_from(ms).ok()
 }
 
-fn observed_of_found(found: &Found, turn: TurnId) -> Observed {
+/// What a rollout's record of a message (with no run of ours that knows more) says. A turn
+/// the rollout shows open is interrupted only when no process holds the thread: while one
+/// does (its own Codex, the daemon, an IDE), that turn may still be running, and a resend
+/// beside it would be a second turn at once; nobody can tell, so nothing is guessed.
+fn observed_of_found(found: &Found, turn: TurnId, thread: &Thread) -> Observed {
+    let interrupted = |turn| Observed::Failed {
+        turn,
+        failure: TurnFailure::Interrupted,
+        turn_open: false,
+    };
     match found {
         Found::Absent => Observed::NotFound,
         Found::Completed => Observed::Returned { turn },
-        Found::Aborted | Found::Open => Observed::Failed {
-            turn,
-            failure: TurnFailure::Interrupted,
-            turn_open: false,
-        },
+        Found::Aborted => interrupted(turn),
+        Found::Open => {
+            let held = home(thread.home.as_deref())
+                .map(|h| lock_holders_checked(&writer_lock(&h, &thread.id)));
+            match held {
+                Some(Ok(pids)) if pids.is_empty() => interrupted(turn),
+                Some(Ok(pids)) => Observed::Unreachable {
+                    detail: format!(
+                        "its turn has not ended in the rollout, and Codex process {} holds \
+                         the thread: it may still be running",
+                        pids[0]
+                    ),
+                },
+                Some(Err(e)) => Observed::Unreachable {
+                    detail: format!(
+                        "its turn has not ended in the rollout, and who holds the thread is \
+                         not known ({e})"
+                    ),
+                },
+                None => Observed::Unreachable {
+                    detail: "its turn has not ended in the rollout, and Codex's home is not \
+                             known"
+                        .to_owned(),
+                },
+            }
+        }
     }
 }
 
@@ -1559,7 +1597,7 @@ pub async fn observe(service: &RefCell<dyn Host>, agent: &AgentRow, request_id: 
             detail: "the run's supervisor is starting".to_owned(),
         },
         Ok(None) => match rollout_find(&thread, request_id) {
-            Ok(found) => observed_of_found(&found, TurnId::new(request_id)),
+            Ok(found) => observed_of_found(&found, TurnId::new(request_id), &thread),
             Err(detail) => Observed::Unreachable { detail },
         },
         Err(e) => Observed::Unreachable {
@@ -1587,10 +1625,13 @@ pub async fn scan(service: &RefCell<dyn Host>, agent: &AgentRow, request_id: &st
     if command::run_may_start(&db, request_id) {
         return ScanResult::NothingFound { complete: false };
     }
-    match rollout_find(&thread_of(agent), request_id) {
+    let thread = thread_of(agent);
+    match rollout_find(&thread, request_id) {
         Ok(Found::Absent) => ScanResult::NothingFound { complete: true },
-        Ok(found) => ScanResult::Found {
-            observed: observed_of_found(&found, TurnId::new(request_id)),
+        Ok(found) => match observed_of_found(&found, TurnId::new(request_id), &thread) {
+            // An open turn nobody can judge: the scan is not complete, never a guess.
+            Observed::Unreachable { .. } => ScanResult::NothingFound { complete: false },
+            observed => ScanResult::Found { observed },
         },
         Err(_) => ScanResult::NothingFound { complete: false },
     }
@@ -1599,6 +1640,57 @@ pub async fn scan(service: &RefCell<dyn Host>, agent: &AgentRow, request_id: &st
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_open_turn_is_interrupted_only_while_nobody_holds_the_thread() {
+        let d = tempfile::tempdir().unwrap();
+        let thread = Thread {
+            id: "T".to_owned(),
+            home: Some(d.path().to_owned()),
+            accept_approvals: false,
+        };
+        let turn = || TurnId::new("r1");
+        let interrupted = |o: &Observed| {
+            matches!(
+                o,
+                Observed::Failed {
+                    failure: TurnFailure::Interrupted,
+                    ..
+                }
+            )
+        };
+        assert!(interrupted(&observed_of_found(
+            &Found::Open,
+            turn(),
+            &thread
+        )));
+        assert!(interrupted(&observed_of_found(
+            &Found::Aborted,
+            turn(),
+            &thread
+        )));
+        // A Codex process (here: this one) holds the thread's writer lock: its turn may
+        // still run, so nothing is guessed.
+        let lock = writer_lock(d.path(), "T");
+        std::fs::create_dir_all(lock.parent().unwrap()).unwrap();
+        let file = std::fs::File::create(&lock).unwrap();
+        file.try_lock().unwrap();
+        let held = observed_of_found(&Found::Open, turn(), &thread);
+        assert!(
+            matches!(&held, Observed::Unreachable { detail } if detail.contains("holds the thread")),
+            "{held:?}"
+        );
+        // A turn the rollout shows ended is judged as it ended, held or not.
+        assert!(interrupted(&observed_of_found(
+            &Found::Aborted,
+            turn(),
+            &thread
+        )));
+        assert!(matches!(
+            observed_of_found(&Found::Completed, turn(), &thread),
+            Observed::Returned { .. }
+        ));
+    }
 
     #[test]
     fn the_rollout_tells_a_completed_turn_from_an_aborted_and_an_open_one() {

@@ -179,7 +179,7 @@ impl McpServer {
                 changes: OnceLock::new(),
                 warnings: Mutex::new(Vec::new()),
                 engine_verdict: Mutex::new(None),
-                session: Mutex::new(crate::service::Session::new(agent)),
+                session: Mutex::new(crate::service::Session::new()),
             }),
             channels: false,
         })
@@ -210,8 +210,8 @@ impl McpServer {
         })
     }
 
-    /// The service's record of this session.
-    fn session(&self) -> std::sync::MutexGuard<'_, crate::service::Session> {
+    /// What is kept for this session (its rules are `service::Session`'s).
+    pub(crate) fn session(&self) -> std::sync::MutexGuard<'_, crate::service::Session> {
         self.inner
             .session
             .lock()
@@ -221,11 +221,6 @@ impl McpServer {
     /// The handoff this session last took up, if any.
     pub(crate) fn session_work(&self) -> Option<String> {
         self.session().taken_up().map(str::to_owned)
-    }
-
-    /// The session takes up handoff `id` (it read or accepted it).
-    pub(crate) fn take_up(&self, id: &str) {
-        self.session().take_up(id);
     }
 
     fn service(&self) -> std::sync::MutexGuard<'_, Service> {

@@ -763,16 +763,8 @@ fn context_entries() -> Vec<ToolDef> {
 // ----- handlers -----
 
 fn send_handoff(s: &McpServer, me: &str, a: &SendArgs) -> ToolResult {
-    // The MCP session is the agent's own: a send during its turn continues that turn's chain,
-    // and so does an answer to the handoff the session last read or accepted (a send with a
-    // budget starts a chain of its own, unless `parent` names one).
-    let lineage = crate::service::Lineage {
-        parent: a.parent.clone(),
-        request_id: None,
-        in_turn: true,
-        budget: a.budget.clone(),
-        session: a.budget.is_none().then(|| s.session_work()).flatten(),
-    };
+    // The MCP session is the agent's own: its rules (service::Session) name the chain.
+    let lineage = s.session().lineage(a.parent.clone(), a.budget.clone());
     let sent = s.service().send_as(
         me,
         &a.to,
@@ -805,13 +797,7 @@ fn spend_budget(s: &McpServer, me: &str, a: &SpendArgs) -> ToolResult {
     }
     let units = model::chain::units_from_numbers(a.units.iter().map(|(u, n)| (u.as_str(), *n)))
         .map_err(ToolError)?;
-    let lineage = crate::service::Lineage {
-        parent: a.parent.clone(),
-        request_id: None,
-        in_turn: true,
-        budget: None,
-        session: s.session_work(),
-    };
+    let lineage = s.session().lineage(a.parent.clone(), None);
     let spent = s.service().chain_spend(me, &units, &lineage)?;
     Ok(json!({
         "chain_id": spent.chain.id,
@@ -848,15 +834,13 @@ fn inbox(s: &McpServer, me: &str, a: &InboxArgs) -> ToolResult {
 
 fn accept_work(s: &McpServer, me: &str, a: &IdArgs) -> ToolResult {
     let w = s.service().accept(&a.id, me)?;
-    s.take_up(&w.id);
+    s.session().take_up(&w.id);
     Ok(json!({ "work": w }))
 }
 
 fn read_message(s: &McpServer, me: &str, a: &IdArgs) -> ToolResult {
     let m = s.service().read(&a.id, me)?;
-    if m.recipient == me && m.intent == "handoff" {
-        s.take_up(&m.id);
-    }
+    s.session().read(me, &m);
     Ok(message_of(&m))
 }
 
