@@ -125,15 +125,18 @@ fn rss_kb(pid: u32) -> u64 {
 
 /// The figures, by name: `cargo bench --bench delivery -- NAME…` runs only those;
 /// `-- --quick` runs the CI guard (the raw commit rates and HTTP to 8 recipients) and fails
-/// when HTTP throughput falls below half the documented figure.
+/// when HTTP throughput falls below half its documented ratio to raw durable commits.
 const SECTIONS: &[&str] = &[
     "raw", "lib", "cli", "argv", "http", "backlog", "latency", "idle", "rss",
 ];
 
-/// Half the newest HTTP figure documented in docs/PERFORMANCE.md (deliveries/s, 8
-/// recipients; 1,209/s on the slower of two days): the CI guard fails below it. A guard
-/// against large regressions, not a timing test.
-const HTTP_FLOOR: f64 = 600.0;
+/// Half the documented ratio of HTTP deliveries/s (8 recipients) to raw durable (FULL)
+/// commits/s on the same disk (docs/PERFORMANCE.md: 1,754 against 15,079, 0.116): the CI
+/// guard fails below it. Both are measured in the same run, so a slower disk or machine
+/// moves the floor with it (a fixed 600/s failed within 12 % on a disk a third as fast),
+/// while a regression of the engine does not. A guard against large regressions, not a
+/// timing test.
+const HTTP_FLOOR_RATIO: f64 = 0.058;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -175,10 +178,12 @@ fn main() {
     let (url, seen) = noop_server();
     if wanted("http") {
         let rate = http(d, &url, 8, 4_000, full_rate);
-        if quick && rate < HTTP_FLOOR {
+        let floor = HTTP_FLOOR_RATIO * full_rate.unwrap_or(0.0);
+        if quick && rate < floor {
             eprintln!(
                 "deliveries/s, HTTP mode to 8 recipients: {rate:.0}, below the floor of \
-                 {HTTP_FLOOR:.0} (half the documented figure)"
+                 {floor:.0} ({HTTP_FLOOR_RATIO}× the raw FULL commit rate on this disk, half \
+                 the documented ratio)"
             );
             std::process::exit(1);
         }
