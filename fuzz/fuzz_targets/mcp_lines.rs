@@ -4,7 +4,7 @@
 //! client never waits forever), and no id is answered more often than messages carry it. The
 //! harness acts as a client: it waits for its answers before it closes the session.
 //! Run from the repository root, on a copy of the seeds (libFuzzer adds to its corpus folder):
-//! `cp -r fuzz/seeds/mcp_lines /tmp/c && cargo fuzz run --dev -s none mcp_lines /tmp/c --
+//! `cp -r fuzz/seeds/mcp_lines /tmp/c && cargo fuzz run --dev -s none --features mcp mcp_lines /tmp/c --
 //! -dict=fuzz/mcp_lines.dict` (works on stable; `.ci/run` runs it for a minute).
 //! Virtual time: a `wait_for_messages` in the input ends at once.
 #![no_main]
