@@ -513,6 +513,60 @@ fn a_lost_report_is_found_in_the_transcript_and_nothing_is_resent() {
     assert_eq!(c.prompts(&request).len(), 1);
 }
 
+/// A lost answer: the supervisor dies right after it gave Claude the message, before the
+/// turn reported its start (`HANDOFFS_TEST_SUPERVISOR_DIES_AFTER_WRITE`, test builds only).
+/// Nobody can tell whether the message was taken, so the write is not called refused and
+/// written again: the delivery is UNCERTAIN, the Claude process goes on by itself, and a
+/// history scan of the transcript finds its reply: RETURNED, one prompt, one model call.
+#[cfg(feature = "planted-bugs")]
+#[test]
+fn a_lost_answer_is_uncertain_and_settled_from_the_transcript_without_a_resend() {
+    let Some(c) = Claude::new() else { return };
+    c.mock.set(&json!({"delay": 3}));
+    let posts = c.message_posts();
+    let mut env = c.env.clone();
+    env.push((
+        "HANDOFFS_TEST_SUPERVISOR_DIES_AFTER_WRITE".to_owned(),
+        "1".to_owned(),
+    ));
+    let _engine = c.w.spawn_engine_env(&env);
+    let id = c.send("an answer that gets lost", Some("lost answer"));
+    c.wait_state(
+        &id,
+        &["RETURNED", "FAILED", "CANCELLED"],
+        Duration::from_secs(90),
+    );
+    let events = c.w.ok(&["status", &id]);
+    let runs = c.runs(&id);
+    assert_eq!(
+        runs.len(),
+        1,
+        "G2: a write whose answer was lost was written again: {runs:?}\n{events}"
+    );
+    let (request, run) = runs[0].clone();
+    assert_eq!(
+        c.prompts(&request).len(),
+        1,
+        "G2: the message reached the session twice\n{events}"
+    );
+    assert_eq!(
+        c.message_posts(),
+        posts + 1,
+        "G2: the message was written twice (two turns asked the model)\n{events}"
+    );
+    assert_eq!(c.state(&id), "RETURNED", "{events}\n{run:?}");
+    assert!(
+        events.contains("UNCERTAIN"),
+        "the lost answer must make the delivery UNCERTAIN first: {events}"
+    );
+    assert_eq!(c.find(&request), Found::Reply);
+    let run = run.unwrap();
+    assert!(
+        run.detail.as_deref().unwrap_or("").contains("transcript"),
+        "settled from the transcript: {run:?}"
+    );
+}
+
 /// An unreachable model: each turn errors; the resends are bounded and the handoff ends FAILED.
 #[test]
 fn an_unreachable_model_errors_and_the_resends_are_bounded() {
@@ -535,6 +589,46 @@ fn an_unreachable_model_errors_and_the_resends_are_bounded() {
         assert!(matches!(c.find(r), Found::ApiError(_)), "{r}");
     }
     assert_eq!(c.message_posts(), posts + 3);
+    assert_eq!(c.state(&id), "FAILED");
+}
+
+/// A model that never answers: Claude waits on it for many minutes, so each turn is killed at
+/// the agent's timeout (and everything it started with it), counts as errored, and the
+/// resends are bounded: one write and SPEC's two error resends, then FAILED.
+#[test]
+fn a_model_that_never_answers_is_killed_at_the_timeout_and_the_resends_are_bounded() {
+    let Some(c) = Claude::new() else { return };
+    c.w.ok(&["agent", "add", "cc", "--set", "timeout=3"]);
+    c.mock.set(&json!({"mode": "hang"}));
+    let _engine = c.engine();
+    let id = c.send("to a model that never answers", Some("silent"));
+    c.wait_state(&id, &["FAILED"], Duration::from_secs(120));
+    let runs = c.runs(&id);
+    assert_eq!(runs.len(), 3, "one write and two error resends: {runs:?}");
+    for (request, run) in &runs {
+        let run = run.as_ref().unwrap();
+        assert_eq!(
+            run.outcome.as_deref(),
+            Some("errored"),
+            "{request}: {run:?}"
+        );
+        assert!(
+            run.detail
+                .as_deref()
+                .unwrap_or("")
+                .contains("after the 3s timeout"),
+            "{request}: killed at the timeout: {run:?}"
+        );
+        assert_eq!(c.prompts(request).len(), 1, "{request}");
+        // Killed with everything it started: no Claude process of the run is left.
+        assert!(
+            handoffs::adapter::command::marked_processes(request).is_empty(),
+            "{request}: processes left after the timeout: {:?}",
+            handoffs::adapter::command::marked_processes(request)
+        );
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(c.runs(&id).len(), 3, "no resend after FAILED");
     assert_eq!(c.state(&id), "FAILED");
 }
 

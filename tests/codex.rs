@@ -228,13 +228,20 @@ impl Drop for Daemon {
 impl Daemon {
     /// A daemon with the person's client connected and the thread open in it.
     fn with_person(c: &Codex) -> (Daemon, AppServer) {
+        Daemon::with_person_asking(c, None)
+    }
+
+    /// The person's session, opened with `approval_policy` (e.g. "untrusted": every command
+    /// of a turn asks the person first).
+    fn with_person_asking(c: &Codex, approval_policy: Option<&str>) -> (Daemon, AppServer) {
         let daemon = Daemon::start(c);
         let mut person = AppServer::connect(&daemon.socket);
+        let mut params = json!({"threadId": c.thread, "excludeTurns": true});
+        if let Some(policy) = approval_policy {
+            params["approvalPolicy"] = json!(policy);
+        }
         person
-            .call(
-                "thread/resume",
-                &json!({"threadId": c.thread, "excludeTurns": true}),
-            )
+            .call("thread/resume", &params)
             .expect("the person opens the thread in the daemon");
         (daemon, person)
     }
@@ -732,6 +739,14 @@ fn a_turn_in_the_daemon_outlives_its_killed_supervisor_and_is_not_resent() {
     );
     let run = runs[0].1.clone().unwrap();
     assert_eq!(run.outcome.as_deref(), Some("returned"), "{run:?}");
+    // Settled from the daemon's own list of the thread's turns (full view), not by a guess.
+    assert!(
+        run.detail
+            .as_deref()
+            .unwrap_or("")
+            .contains("the daemon's list of turns shows the turn completed"),
+        "{run:?}"
+    );
     assert_eq!(c.find(&request), Found::Completed);
 }
 
@@ -884,4 +899,89 @@ fn a_lost_answer_is_settled_from_the_rollout_and_nothing_is_resent() {
     assert_eq!(c.find(&runs[0].0), Found::Completed);
     let events = c.w.ok(&["status", &id]);
     assert!(events.contains("UNCERTAIN"), "{events}");
+}
+
+/// A turn through the daemon that needs an approval, with no `approvals` setting: the
+/// person's open session answers it, and meanwhile the delivery says that it waits for them
+/// (not only RUNNING). Once they answer, the turn ends and the note is gone.
+#[test]
+fn a_turn_waiting_for_the_persons_approval_says_so_and_goes_on_once_answered() {
+    let Some(c) = Codex::new(None) else { return };
+    let (_daemon, mut person) = Daemon::with_person_asking(&c, Some("untrusted"));
+    let _engine = c.engine();
+    let id = c.send(
+        "[tool=touch made-by-tool] a handoff that runs a command",
+        None,
+    );
+    let asked = person.wait_for(
+        |m| m["method"] == "item/commandExecution/requestApproval",
+        Duration::from_secs(60),
+    );
+    let start = Instant::now();
+    loop {
+        let status = c.w.ok(&["status", &id]);
+        if status.contains("waiting for an approval in the person's Codex session") {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the delivery never said it waits for the person's approval:\n{status}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    person.send(&json!({"id": asked["id"], "result": {"decision": "accept"}}));
+    c.wait_state(&id, &["RETURNED"], Duration::from_secs(60));
+    assert!(
+        c.folder.join("made-by-tool").exists(),
+        "the person's approval let the command run"
+    );
+    let status = c.w.ok(&["status", &id]);
+    assert!(!status.contains("waiting for an approval"), "{status}");
+    assert_eq!(c.runs(&id).len(), 1);
+}
+
+/// With `approvals=accept` or `decline` set, the supervisor answers the turn's approval
+/// requests in the daemon too: nobody needs to be at the session, and the turn never stalls
+/// to its timeout (without the answer it does: the person's client here never answers).
+#[test]
+fn approvals_set_on_the_agent_are_answered_through_the_daemon() {
+    for (setting, file) in [
+        ("accept", "accepted-by-agent"),
+        ("decline", "declined-by-agent"),
+    ] {
+        let Some(c) = Codex::new(None) else { return };
+        let (_daemon, _person) = Daemon::with_person_asking(&c, Some("untrusted"));
+        c.w.ok(&[
+            "agent",
+            "add",
+            "cx",
+            "--set",
+            &format!("approvals={setting}"),
+        ]);
+        let _engine = c.engine();
+        let id = c.send(
+            &format!("[tool=touch {file}] a handoff that runs a command"),
+            None,
+        );
+        c.wait_state(&id, &["RETURNED"], Duration::from_secs(60));
+        let runs = c.runs(&id);
+        assert_eq!(runs.len(), 1, "{runs:?}");
+        assert_eq!(
+            runs[0].1.as_ref().unwrap().outcome.as_deref(),
+            Some("returned")
+        );
+        let log = std::fs::read_to_string(
+            handoffs::adapter::command::runs_dir(&c.w.db).join(format!("{}.log", runs[0].0)),
+        )
+        .unwrap_or_default();
+        assert!(
+            log.contains("item/commandExecution/requestApproval"),
+            "Codex asked for no approval: {log}"
+        );
+        assert_eq!(
+            c.folder.join(file).exists(),
+            setting == "accept",
+            "approvals={setting} was not the answer Codex got"
+        );
+    }
 }

@@ -203,28 +203,45 @@ pub fn live_holders(config: &Path, session: &str) -> Result<Vec<Holder>, String>
     Ok(out)
 }
 
-/// The folder of session locks, shared by every database of this user: private to the user,
-/// and refused when someone else owns it or others may write it.
-fn locks_dir() -> Result<PathBuf, String> {
-    use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
-    let uid = nix::unistd::getuid();
-    let dir = std::env::temp_dir().join(format!("handoffs-{uid}"));
+/// The folder of session locks: in the Claude configuration folder the session lives in, so
+/// every process that could resume the session (any engine, any database, whatever its
+/// `$TMPDIR`) sees the same lock. Private to its owner, and refused when someone else owns it
+/// or others may write it.
+fn locks_dir(config: &Path) -> Result<PathBuf, String> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    let dir = locks_dir_of(config);
     match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(format!("cannot create {}: {e}", dir.display())),
     }
-    let meta = std::fs::symlink_metadata(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    private_dir(&dir)?;
+    Ok(dir)
+}
+
+fn locks_dir_of(config: &Path) -> PathBuf {
+    config.join("handoffs-locks")
+}
+
+/// Refuses a lock folder someone else owns or others may write.
+fn private_dir(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt as _;
+    let uid = nix::unistd::getuid();
+    let meta = std::fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     if !meta.is_dir() || meta.uid() != uid.as_raw() || meta.mode() & 0o077 != 0 {
         return Err(format!(
             "{} is not a private folder of this user: session locks are not taken there",
             dir.display()
         ));
     }
-    Ok(dir)
+    Ok(())
 }
 
-fn session_lock_path(session: &str) -> Result<PathBuf, String> {
+fn session_lock_path(config: &Path, session: &str) -> Result<PathBuf, String> {
+    Ok(locks_dir(config)?.join(lock_name(session)))
+}
+
+fn lock_name(session: &str) -> String {
     let safe: String = session
         .chars()
         .map(|c| {
@@ -235,12 +252,12 @@ fn session_lock_path(session: &str) -> Result<PathBuf, String> {
             }
         })
         .collect();
-    Ok(locks_dir()?.join(format!("claude-{safe}.lock")))
+    format!("claude-{safe}.lock")
 }
 
-fn open_session_lock(session: &str) -> Result<File, String> {
+fn open_session_lock(config: &Path, session: &str) -> Result<File, String> {
     use std::os::unix::fs::OpenOptionsExt as _;
-    let path = session_lock_path(session)?;
+    let path = session_lock_path(config, session)?;
     let mut opts = std::fs::OpenOptions::new();
     opts.write(true)
         .create(true)
@@ -252,9 +269,16 @@ fn open_session_lock(session: &str) -> Result<File, String> {
 }
 
 /// Whether one of our writes holds the session's lock right now (read from `/proc/locks`,
-/// never by taking the lock, so a write starting at this moment is not turned away).
-fn session_locked(session: &str) -> bool {
-    session_lock_path(session).is_ok_and(|p| !super::codex::lock_holders(&p).is_empty())
+/// never by taking the lock, so a write starting at this moment is not turned away). No lock
+/// folder yet: nobody holds a lock. `Err`: nobody can tell (a lock folder that is not
+/// private, an unreadable `/proc/locks`), and no write could take the lock either.
+fn session_locked(config: &Path, session: &str) -> Result<bool, String> {
+    let dir = locks_dir_of(config);
+    if !dir.exists() {
+        return Ok(false);
+    }
+    private_dir(&dir)?;
+    Ok(!super::codex::lock_holders_checked(&dir.join(lock_name(session)))?.is_empty())
 }
 
 /// Why a session could not be taken for a turn: nothing was written either way.
@@ -271,7 +295,12 @@ pub enum NotClaimed {
 /// Takes the session for one turn, at the moment of writing: its lock, and no live process of
 /// it. The lock is held until the returned file is dropped. `Err` says why nothing is written.
 pub fn claim(_db: &Path, session: &Session) -> Result<File, NotClaimed> {
-    let lock = open_session_lock(&session.id).map_err(NotClaimed::Refused)?;
+    let config = config_dir(session.config_dir.as_deref()).ok_or_else(|| {
+        NotClaimed::Refused(
+            "no Claude config folder: set config_dir, or CLAUDE_CONFIG_DIR".to_owned(),
+        )
+    })?;
+    let lock = open_session_lock(&config, &session.id).map_err(NotClaimed::Refused)?;
     match lock.try_lock() {
         Ok(()) => {}
         Err(std::fs::TryLockError::WouldBlock) => {
@@ -288,11 +317,6 @@ pub fn claim(_db: &Path, session: &Session) -> Result<File, NotClaimed> {
     if crate::planted(crate::Plant::ResumeBesideLive) {
         return Ok(lock);
     }
-    let config = config_dir(session.config_dir.as_deref()).ok_or_else(|| {
-        NotClaimed::Refused(
-            "no Claude config folder: set config_dir, or CLAUDE_CONFIG_DIR".to_owned(),
-        )
-    })?;
     match live_holders(&config, &session.id)
         .map_err(NotClaimed::Refused)?
         .first()
@@ -313,6 +337,14 @@ pub fn prepare_command(cmd: &mut tokio::process::Command, session: &Session) {
     if let Some(dir) = &session.config_dir {
         cmd.env("CLAUDE_CONFIG_DIR", dir);
     }
+}
+
+/// Test builds only (`planted-bugs`): `HANDOFFS_TEST_SUPERVISOR_DIES_AFTER_WRITE=1` kills the
+/// supervisor right after it gave Claude the message, before the turn reports its start: the
+/// answer to the write is lost, and Claude goes on alone.
+fn supervisor_dies_after_write() -> bool {
+    cfg!(feature = "planted-bugs")
+        && std::env::var_os("HANDOFFS_TEST_SUPERVISOR_DIES_AFTER_WRITE").is_some()
 }
 
 /// What one `claude -p` run said.
@@ -353,6 +385,10 @@ pub async fn converse(
             turn.error = Some(format!("could not write the message: {e}"));
         }
         drop(stdin);
+    }
+    if supervisor_dies_after_write() {
+        // As a SIGKILL would leave it: the message given, the start never reported.
+        let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
     }
     let mut kept = std::fs::OpenOptions::new().append(true).open(log).ok();
     if let Some(stdout) = child.stdout.take() {
@@ -722,23 +758,27 @@ pub fn activity(service: &RefCell<dyn Host>, agent: &AgentRow) -> Activity {
             ),
         };
     }
-    if session_locked(&session.id) {
-        return Activity::Busy {
-            turn: None,
-            detail: Some(format!(
-                "another delivery is resuming session {}",
-                session.id
-            )),
-        };
-    }
-    if crate::planted(crate::Plant::ResumeBesideLive) {
-        return Activity::Idle;
-    }
     let Some(config) = config_dir(session.config_dir.as_deref()) else {
         return Activity::Unknown {
             detail: "no Claude config folder: set config_dir, or CLAUDE_CONFIG_DIR".to_owned(),
         };
     };
+    match session_locked(&config, &session.id) {
+        Ok(false) => {}
+        Ok(true) => {
+            return Activity::Busy {
+                turn: None,
+                detail: Some(format!(
+                    "another delivery is resuming session {}",
+                    session.id
+                )),
+            };
+        }
+        Err(detail) => return Activity::Unknown { detail },
+    }
+    if crate::planted(crate::Plant::ResumeBesideLive) {
+        return Activity::Idle;
+    }
     match live_holders(&config, &session.id) {
         Ok(holders) => match holders.first() {
             // The person's interactive session, with a handoffs channel open in it: written

@@ -122,7 +122,7 @@ pub(crate) fn supervisor_alive(db: &Path, request_id: &str) -> bool {
 /// The processes that belong to a run: every live process whose environment carries its
 /// `HANDOFFS_REQUEST_ID` (the command and anything it started, whoever their parent is now;
 /// a reused pid does not carry it). Read from /proc, so only on Linux; elsewhere none.
-fn marked_processes(request_id: &str) -> Vec<i32> {
+pub fn marked_processes(request_id: &str) -> Vec<i32> {
     let marker = format!("HANDOFFS_REQUEST_ID={request_id}");
     let me = std::process::id();
     let mut pids = Vec::new();
@@ -909,6 +909,21 @@ pub async fn supervise(s: Supervise) -> i32 {
     0
 }
 
+/// Records on the run what its write said as it went: the receipt (the pid, when there is
+/// one) or what the turn waits for.
+fn note_said(store: &mut Store, request_id: &str, pid: Option<i64>, said: super::codex::Said<'_>) {
+    match said {
+        super::codex::Said::Written => {
+            if let Some(pid) = pid {
+                let _ = store.set_run_pid(request_id, pid);
+            }
+        }
+        super::codex::Said::Waiting(note) => {
+            let _ = store.set_run_note(request_id, note);
+        }
+    }
+}
+
 /// Records that the write was refused: nothing was written.
 fn refuse(store: &mut Store, s: &Supervise, detail: &str) {
     finish_unwritten(store, s, "refused", detail);
@@ -945,9 +960,7 @@ async fn through_daemon(
         &text,
         &s.request_id,
         log,
-        &mut || {
-            let _ = store.set_run_pid(&s.request_id, me);
-        },
+        &mut |said| note_said(store, &s.request_id, Some(me), said),
         Duration::from_secs(s.timeout_secs),
     )
     .await;
@@ -1019,13 +1032,10 @@ async fn watch_turn(
     // The pid is the receipt the engine waits for: for a Codex write it is recorded once the
     // app-server took the message, for a Claude one once the turn began, so a thread held
     // elsewhere or a session not found is a refusal, not a turn.
-    let mut record_pid = || {
-        if let Some(pid) = pid {
-            let _ = store.set_run_pid(&s.request_id, i64::from(pid));
-        }
-    };
+    let mut record =
+        |said: super::codex::Said<'_>| note_said(store, &s.request_id, pid.map(i64::from), said);
     if s.codex.is_none() && s.claude.is_none() {
-        record_pid();
+        record(super::codex::Said::Written);
     }
     let timeout = Duration::from_secs(s.timeout_secs);
     match (&s.claude, &s.codex) {
@@ -1039,7 +1049,7 @@ async fn watch_turn(
                 &text,
                 &s.request_id,
                 log,
-                &mut record_pid,
+                &mut record,
                 &super::codex::Fresh {
                     argv,
                     cwd: &s.cwd,
@@ -1051,7 +1061,8 @@ async fn watch_turn(
         }
         (Some(c), _) => {
             let text = card.to_owned();
-            let talk = super::claude::converse(child, &text, &s.request_id, log, &mut record_pid);
+            let mut began = || record(super::codex::Said::Written);
+            let talk = super::claude::converse(child, &text, &s.request_id, log, &mut began);
             if let Ok(turn) = tokio::time::timeout(timeout, talk).await {
                 super::claude::outcome(c, &s.cwd, &s.request_id, &turn)
             } else {

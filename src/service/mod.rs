@@ -398,13 +398,26 @@ impl Service {
     pub fn view(tx: &Tx<'_>, d: &DeliveryRow) -> Result<DeliveryView, StoreError> {
         let m = tx.message(&d.message_id)?;
         let core = d.record.core();
+        let mut detail = d.record.detail();
+        // A turn of ours that waits for a person (a Codex approval) says so with its delivery.
+        if matches!(d.record.kind(), StateKind::Running | StateKind::Accepted)
+            && let Some(run) = tx.run(&core.request_id().to_string())?
+            && run.outcome.is_none()
+            && let Some(note) = run.detail
+        {
+            detail = if detail.is_empty() {
+                note
+            } else {
+                format!("{detail}; {note}")
+            };
+        }
         Ok(DeliveryView {
             id: d.message_id.clone(),
             from: m.as_ref().map(|m| m.sender.clone()).unwrap_or_default(),
             to: d.recipient.clone(),
             title: m.and_then(|m| m.title),
             state: d.record.kind(),
-            detail: d.record.detail(),
+            detail,
             attempts: core.attempts(),
             request_id: core.request_id().to_string(),
             earlier_request_ids: core

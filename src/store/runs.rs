@@ -131,7 +131,9 @@ impl Tx<'_> {
     /// Notes that the run's supervisor left it open (nobody could tell how its write ended).
     pub fn leave_run_open(&self, request_id: &str, at: i64) -> Result<()> {
         self.exec(
-            "UPDATE runs SET left_open_at = ?2 WHERE request_id = ?1 AND outcome IS NULL",
+            // A note of what the turn waited for goes too: nobody watches the turn any more.
+            "UPDATE runs SET left_open_at = ?2, detail = NULL
+             WHERE request_id = ?1 AND outcome IS NULL",
             params![request_id, at],
         )?;
         Ok(())
@@ -277,6 +279,16 @@ impl Tx<'_> {
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
+    /// Notes, on a run still going, what its turn waits for (`None`: nothing any more); the
+    /// run's outcome replaces it.
+    pub fn set_run_note(&self, request_id: &str, note: Option<&str>) -> Result<()> {
+        self.exec(
+            "UPDATE runs SET detail = ?2 WHERE request_id = ?1 AND outcome IS NULL",
+            params![request_id, note],
+        )?;
+        Ok(())
+    }
+
     pub fn finish_run(
         &self,
         request_id: &str,
@@ -351,6 +363,11 @@ impl super::Store {
 
     pub fn set_run_pid(&mut self, request_id: &str, pid: i64) -> Result<()> {
         self.write(|tx| tx.set_run_pid(request_id, pid))
+    }
+
+    /// What a run's turn waits for now, shown with its delivery (see [`super::Tx::set_run_note`]).
+    pub fn set_run_note(&mut self, request_id: &str, note: Option<&str>) -> Result<()> {
+        self.write(|tx| tx.set_run_note(request_id, note))
     }
 
     /// The message a run delivers.

@@ -29,7 +29,9 @@ Settings (argv wins over env):
   --port-file F   / MOCK_PORT_FILE   write the bound port here once listening
 
 Per-message override: a user text containing "[delay=5]" makes that reply wait 5 s,
-"[mode=500]" / "[mode=hang]" switches mode for that request only.
+"[mode=500]" / "[mode=hang]" switches mode for that request only, and "[tool=touch x]" makes
+the model first call `exec_command` with that command (the answer after Codex returns the
+call's output is the usual reply), so a turn can need an approval.
 
 Each log line: {"ts","n","method","path","thread_id","turn_id" (from body.client_metadata),
                "headers":{...},"body":<parsed JSON or text>,
@@ -75,6 +77,13 @@ def user_texts(body):
             if isinstance(part, dict) and part.get("type") in ("input_text", "text"):
                 out.append(part.get("text", ""))
     return out
+
+
+def has_call_output(body):
+    """Whether the request already carries a function call's output (the call was answered)."""
+    items = body.get("input") if isinstance(body, dict) else None
+    return isinstance(items, list) and any(
+        isinstance(i, dict) and i.get("type") == "function_call_output" for i in items)
 
 
 def log_request(entry):
@@ -179,7 +188,35 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             self.connection.shutdown(2)
             return
+        m = re.search(r"\[tool=([^\]]+)\]", last)
+        if m and not has_call_output(body):
+            return self._stream_call(m.group(1))
         self._stream_ok(body, reply.replace("{input}", last.strip()[:200]), delay, sse)
+
+    def _stream_call(self, cmd):
+        """One function call of `exec_command` running `cmd`, then the response ends."""
+        resp_id = "resp_" + uuid.uuid4().hex[:24]
+        item = {"id": "fc_" + uuid.uuid4().hex[:24], "type": "function_call", "status": "completed",
+                "name": "exec_command", "call_id": "call_" + uuid.uuid4().hex[:24],
+                "arguments": json.dumps({"cmd": cmd, "sandbox_permissions": "require_escalated",
+                                         "justification": "the mock asks to run " + cmd})}
+        usage = {"input_tokens": 10, "input_tokens_details": {"cached_tokens": 0},
+                 "output_tokens": 5, "output_tokens_details": {"reasoning_tokens": 0},
+                 "total_tokens": 15}
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("cache-control", "no-cache")
+        self.send_header("connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        try:
+            for obj in ({"type": "response.output_item.done", "output_index": 0, "item": item},
+                        {"type": "response.completed", "response": {"id": resp_id, "usage": usage}}):
+                data = "event: %s\ndata: %s\n\n" % (obj["type"], json.dumps(obj))
+                self.wfile.write(data.encode())
+                self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            pass
 
     # ---------------------------------------------------------------- SSE
     def _stream_ok(self, body, text, delay, sse="full"):

@@ -141,6 +141,51 @@ pub(crate) async fn status(rpc: &mut Rpc, thread: &str) -> Result<(String, Vec<S
     Ok((kind, flags))
 }
 
+/// How many pages of turns (newest first) [`listed_turn`] reads before it gives up.
+const TURN_PAGES_MAX: usize = 5;
+/// Turns a page.
+const TURN_PAGE: u32 = 20;
+
+/// The turn of `thread` whose user message carries `clientId` = `request_id`, from the
+/// daemon's own list of the thread's turns with every item (`thread/turns/list`, full view;
+/// the default summary view leaves mid-turn messages out): `(turn id, status)`, or `None`
+/// when none of the newest [`TURN_PAGES_MAX`] pages has it.
+pub(crate) async fn listed_turn(
+    rpc: &mut Rpc,
+    thread: &str,
+    request_id: &str,
+) -> Result<Option<(String, String)>, String> {
+    let mut cursor: Option<String> = None;
+    for _ in 0..TURN_PAGES_MAX {
+        let page = rpc
+            .call_within(
+                PROBE_TIMEOUT,
+                "thread/turns/list",
+                json!({"threadId": thread, "itemsView": "full", "limit": TURN_PAGE,
+                       "sortDirection": "desc", "cursor": cursor}),
+            )
+            .await?;
+        for turn in page["data"].as_array().into_iter().flatten() {
+            let ours =
+                turn["items"].as_array().into_iter().flatten().any(|i| {
+                    i["type"] == "userMessage" && i["clientId"].as_str() == Some(request_id)
+                });
+            if ours {
+                let id = turn["id"].as_str().ok_or("a listed turn has no id")?;
+                let status = turn["status"]
+                    .as_str()
+                    .ok_or("a listed turn has no status")?;
+                return Ok(Some((id.to_owned(), status.to_owned())));
+            }
+        }
+        match page["nextCursor"].as_str() {
+            Some(next) if Some(next) != cursor.as_deref() => cursor = Some(next.to_owned()),
+            _ => return Ok(None),
+        }
+    }
+    Ok(None)
+}
+
 pub(super) async fn send(ws: &mut Socket, msg: &Value) -> Result<(), String> {
     ws.send(Message::text(msg.to_string()))
         .await

@@ -40,8 +40,19 @@ pub struct Thread {
     pub id: String,
     /// `home` as registered; otherwise `$CODEX_HOME`, else `~/.codex`.
     pub home: Option<PathBuf>,
-    /// `approvals = accept`: the turn's approval requests are accepted, else declined.
-    pub accept_approvals: bool,
+    /// The `approvals` setting: `Some(true)` accept, `Some(false)` decline. Unset, our own
+    /// app-server declines (nobody else is there to answer), and through the daemon the
+    /// person's open session is left to answer (the run says it waits for them).
+    pub approvals: Option<bool>,
+}
+
+/// What a supervised Codex write tells its run record as it goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Said<'a> {
+    /// Codex took the message (the receipt).
+    Written,
+    /// The turn waits for a person (an approval, an answer), or no longer does (`None`).
+    Waiting(Option<&'a str>),
 }
 
 fn setting<'a>(agent: &'a AgentRow, key: &str) -> Option<&'a str> {
@@ -60,7 +71,11 @@ fn thread_of(agent: &AgentRow) -> Thread {
     Thread {
         id: agent.endpoint.clone(),
         home: setting(agent, "home").map(PathBuf::from),
-        accept_approvals: setting(agent, "approvals") == Some("accept"),
+        approvals: match setting(agent, "approvals") {
+            Some("accept") => Some(true),
+            Some("decline") => Some(false),
+            _ => None,
+        },
     }
 }
 
@@ -122,11 +137,6 @@ pub(crate) fn lock_holders_checked(path: &Path) -> Result<Vec<i32>, String> {
         }
     }
     Ok(pids)
-}
-
-/// [`lock_holders_checked`], where not knowing counts as nobody (for a lock of our own).
-pub(crate) fn lock_holders(path: &Path) -> Vec<i32> {
-    lock_holders_checked(path).unwrap_or_default()
 }
 
 pub(crate) fn writer_lock(home: &Path, thread: &str) -> PathBuf {
@@ -342,6 +352,18 @@ impl Rpc {
     }
 }
 
+/// Whether a request from Codex asks to approve a command, a file change or a permission.
+fn is_approval(method: &str) -> bool {
+    matches!(
+        method,
+        "item/commandExecution/requestApproval"
+            | "item/fileChange/requestApproval"
+            | "item/permissions/requestApproval"
+            | "applyPatchApproval"
+            | "execCommandApproval"
+    )
+}
+
 /// The answer to one request from the app-server (see [`Rpc::answer`]).
 fn answer_to(id: &Value, method: &str, accept: bool) -> Value {
     let result = match method {
@@ -403,7 +425,7 @@ pub async fn converse(
     text: &str,
     request_id: &str,
     log: &Path,
-    written: &mut dyn FnMut(),
+    said: &mut dyn FnMut(Said<'_>),
     fresh: &Fresh<'_>,
 ) -> (String, Option<String>) {
     let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
@@ -413,15 +435,7 @@ pub async fn converse(
         );
     };
     let mut rpc = Rpc::pipe(stdin, stdout, open_log(log));
-    let (outcome, detail) = talk(
-        &mut rpc,
-        thread,
-        text,
-        request_id,
-        fresh.no_progress,
-        written,
-    )
-    .await;
+    let (outcome, detail) = talk(&mut rpc, thread, text, request_id, fresh.no_progress, said).await;
     rpc.close().await;
     if tokio::time::timeout(Duration::from_secs(5), child.wait())
         .await
@@ -456,11 +470,11 @@ pub(crate) async fn converse_daemon(
     text: &str,
     request_id: &str,
     log: &Path,
-    written: &mut dyn FnMut(),
+    said: &mut dyn FnMut(Said<'_>),
     no_progress: Duration,
 ) -> (String, Option<String>) {
     rpc.log = open_log(log);
-    let (outcome, detail) = talk(&mut rpc, thread, text, request_id, no_progress, written).await;
+    let (outcome, detail) = talk(&mut rpc, thread, text, request_id, no_progress, said).await;
     rpc.close().await;
     if outcome != MAYBE_QUEUED {
         return (outcome, detail);
@@ -664,7 +678,7 @@ async fn talk(
     text: &str,
     request_id: &str,
     no_progress: Duration,
-    written: &mut dyn FnMut(),
+    said: &mut dyn FnMut(Said<'_>),
 ) -> (String, Option<String>) {
     hold_before_open(request_id).await;
     let version = match open_thread(rpc, thread).await {
@@ -675,7 +689,7 @@ async fn talk(
         Ok(id) => id,
         Err(ended) => return ended,
     };
-    written();
+    said(Said::Written);
     follow_turn(
         rpc,
         thread,
@@ -683,6 +697,7 @@ async fn talk(
         &version,
         queued_id.as_ref(),
         no_progress,
+        said,
     )
     .await
 }
@@ -800,8 +815,12 @@ async fn follow_turn(
     version: &str,
     queued_id: Option<&String>,
     no_progress: Duration,
+    said: &mut dyn FnMut(Said<'_>),
 ) -> (String, Option<String>) {
     let mut turn: Option<String> = None;
+    let mut waiting = false;
+    // Approval requests asked before our turn's id was known (see below).
+    let mut early: Vec<Value> = Vec::new();
     let mut nudged = false;
     let started = tokio::time::Instant::now();
     let mut last_progress = started;
@@ -870,11 +889,7 @@ async fn follow_turn(
         };
         let method = msg.get("method").and_then(Value::as_str).unwrap_or("");
         if msg.get("id").is_some() && !method.is_empty() {
-            // Through the daemon the person's own session is there to answer (and a request
-            // unanswered past the timeout interrupts the turn); our own app-server has only us.
-            if !rpc.through_daemon() {
-                rpc.answer(&msg, thread.accept_approvals).await;
-            }
+            answer_request(rpc, thread, turn.as_deref(), msg, &mut early).await;
             continue;
         }
         let params = msg.get("params").cloned().unwrap_or(Value::Null);
@@ -890,6 +905,13 @@ async fn follow_turn(
             .and_then(Value::as_str)
             .or_else(|| params["turn"]["id"].as_str())
             .map(str::to_owned);
+        if method == "thread/status/changed" && turn.is_some() {
+            let note = waiting_note(&params, rpc.through_daemon() && thread.approvals.is_none());
+            if note.is_some() || waiting {
+                said(Said::Waiting(note));
+                waiting = note.is_some();
+            }
+        }
         match method {
             "item/started" | "item/completed"
                 if params["item"]["type"] == "userMessage"
@@ -897,6 +919,13 @@ async fn follow_turn(
             {
                 turn = turn_id;
                 last_progress = tokio::time::Instant::now();
+                if let (Some(t), Some(accept)) = (&turn, thread.approvals) {
+                    for asked in std::mem::take(&mut early) {
+                        if asked["params"]["turnId"] == t.as_str() {
+                            rpc.answer(&asked, accept).await;
+                        }
+                    }
+                }
             }
             "turn/completed" if turn.is_some() && turn_id == turn => {
                 let status = params["turn"]["status"].as_str().unwrap_or("");
@@ -911,6 +940,52 @@ async fn follow_turn(
             }
             _ => {}
         }
+    }
+}
+
+/// Answers a request from Codex during our write. Our own app-server has only us to answer:
+/// as the agent is set, else declined. Through the daemon the person's open session answers,
+/// unless the agent's `approvals` setting says how; then only our turn's approvals are
+/// answered, and one asked before we knew our turn's id (`turn` `None`) waits in `early` until
+/// we do (the person may answer it meanwhile). A request unanswered past the timeout
+/// interrupts the turn.
+async fn answer_request(
+    rpc: &mut Rpc,
+    thread: &Thread,
+    turn: Option<&str>,
+    msg: Value,
+    early: &mut Vec<Value>,
+) {
+    let method = msg["method"].as_str().unwrap_or("");
+    if !rpc.through_daemon() {
+        rpc.answer(&msg, thread.approvals.unwrap_or(false)).await;
+    } else if let Some(accept) = thread.approvals
+        && is_approval(method)
+        && msg["params"]["threadId"] == thread.id.as_str()
+    {
+        match turn {
+            Some(t) if msg["params"]["turnId"] == t => rpc.answer(&msg, accept).await,
+            Some(_) => {}
+            None => early.push(msg),
+        }
+    }
+}
+
+/// What a `thread/status/changed` says our turn waits for, if anything; `person`: the
+/// approvals are the person's to answer (through the daemon, with no `approvals` setting).
+fn waiting_note(params: &Value, person: bool) -> Option<&'static str> {
+    let flags = params["status"]["activeFlags"].as_array();
+    let flag = |f: &str| flags.is_some_and(|a| a.iter().any(|v| v == f));
+    if flag("waitingOnApproval") {
+        Some(if person {
+            "waiting for an approval in the person's Codex session"
+        } else {
+            "waiting for an approval"
+        })
+    } else if flag("waitingOnUserInput") {
+        Some("waiting for the person's answer in the Codex session")
+    } else {
+        None
     }
 }
 
@@ -1112,6 +1187,13 @@ async fn standing(service: &RefCell<dyn Host>, agent: &AgentRow, run: &RunRow) -
     if command::supervisor_alive(&db, &run.request_id) {
         return Standing::Going;
     }
+    if run.outcome.is_none() && run.detail.is_some() {
+        // What the turn waited for was its supervisor's to say; nobody watches it now.
+        let _ = service
+            .borrow_mut()
+            .runs()
+            .set_run_note(&run.request_id, None);
+    }
     let judged = match command::orphan(run, now) {
         command::Orphan::Running => return Standing::Going,
         command::Orphan::KilledAtTimeout => Judged::Over(
@@ -1223,25 +1305,6 @@ impl Gone<'_> {
     /// that may still run.
     async fn judge(&self) -> Judged {
         let (thread, run, now) = (self.thread, self.run, self.now);
-        let (found, turn) = match rollout_find_turn(thread, &run.request_id) {
-            Ok(found) => found,
-            Err(e) => return Judged::Unknown(e),
-        };
-        match found {
-            Found::Completed => {
-                return Judged::Over(
-                    "returned".to_owned(),
-                    "its supervisor was gone; the rollout shows the turn completed".to_owned(),
-                );
-            }
-            Found::Aborted => {
-                return Judged::Over(
-                    "interrupted".to_owned(),
-                    "its supervisor was gone; the rollout shows the turn interrupted".to_owned(),
-                );
-            }
-            Found::Open | Found::Absent => {}
-        }
         // The agent's timeout, counted from the last sign of life (the write, the supervisor
         // leaving it open, the rollout's last change), bounds a turn still running.
         let timeout = run
@@ -1256,15 +1319,16 @@ impl Gone<'_> {
             return Judged::Unknown("no Codex home".to_owned());
         };
         let look = tokio::time::timeout(ORPHAN_PROBE, async {
-            match daemon::serving(&home, &thread.id).await? {
-                Some(mut rpc) => {
-                    let v = self
-                        .ask_daemon(&mut rpc, found, turn.as_deref(), past_timeout)
-                        .await;
-                    rpc.close().await;
-                    v
+            if let Some(mut rpc) = daemon::serving(&home, &thread.id).await? {
+                let v = self.ask_daemon(&mut rpc, past_timeout).await;
+                rpc.close().await;
+                v
+            } else {
+                let (found, _) = rollout_find_turn(thread, &run.request_id)?;
+                match Self::ended_in_rollout(&found) {
+                    Some(judged) => Ok(judged),
+                    None => self.ask_lock_and_queue(&home, found).await,
                 }
-                None => self.ask_lock_and_queue(&home, found).await,
             }
         })
         .await;
@@ -1278,7 +1342,67 @@ impl Gone<'_> {
         }
     }
 
-    async fn ask_daemon(
+    /// A turn the rollout shows ended.
+    fn ended_in_rollout(found: &Found) -> Option<Judged> {
+        match found {
+            Found::Completed => Some(Judged::Over(
+                "returned".to_owned(),
+                "its supervisor was gone; the rollout shows the turn completed".to_owned(),
+            )),
+            Found::Aborted => Some(Judged::Over(
+                "interrupted".to_owned(),
+                "its supervisor was gone; the rollout shows the turn interrupted".to_owned(),
+            )),
+            Found::Open | Found::Absent => None,
+        }
+    }
+
+    /// The daemon serves the thread: its own list of the thread's turns (full view) says
+    /// whether our message's turn ended, and how; a turn still running is waited for (and
+    /// interrupted past the timeout). A message it does not list yet is looked for in the
+    /// rollout, then as [`Gone::ask_daemon_unlisted`] says.
+    async fn ask_daemon(&self, rpc: &mut Rpc, past_timeout: bool) -> Result<Judged, String> {
+        let (thread, run) = (self.thread, self.run);
+        // A list the daemon cannot give (a thread not yet materialized, an error) is no
+        // verdict: the rollout and the daemon's status and queue are asked as before.
+        let listed = daemon::listed_turn(rpc, &thread.id, &run.request_id)
+            .await
+            .unwrap_or_else(|e| {
+                tracing::debug!(error = %e, "thread/turns/list");
+                None
+            });
+        let said = |status: &str| {
+            format!("its supervisor was gone; the daemon's list of turns shows the turn {status}")
+        };
+        match listed {
+            Some((_, status)) if status == "completed" => {
+                return Ok(Judged::Over("returned".to_owned(), said("completed")));
+            }
+            Some((_, status)) if status == "interrupted" => {
+                return Ok(Judged::Over("interrupted".to_owned(), said("interrupted")));
+            }
+            // As a turn that ends failed while its supervisor watches (`turn_ended`).
+            Some((_, status)) if status == "failed" => {
+                return Ok(Judged::Over("errored".to_owned(), said("failed")));
+            }
+            Some((turn, _)) => {
+                // Listed as running: the daemon's status says whether it still is (and the
+                // agent's timeout bounds it), as for a turn the rollout shows open.
+                return self
+                    .ask_daemon_unlisted(rpc, Found::Open, Some(&turn), past_timeout)
+                    .await;
+            }
+            None => {}
+        }
+        let (found, turn) = rollout_find_turn(thread, &run.request_id)?;
+        if let Some(judged) = Self::ended_in_rollout(&found) {
+            return Ok(judged);
+        }
+        self.ask_daemon_unlisted(rpc, found, turn.as_deref(), past_timeout)
+            .await
+    }
+
+    async fn ask_daemon_unlisted(
         &self,
         rpc: &mut Rpc,
         found: Found,
@@ -1555,8 +1679,9 @@ pub async fn start(service: &RefCell<dyn Host>, w: &Write<'_>) -> WriteOutcome {
         extra.push("--codex-home".to_owned());
         extra.push(home.to_string_lossy().into_owned());
     }
-    if thread.accept_approvals {
-        extra.push("--codex-accept-approvals".to_owned());
+    if let Some(accept) = thread.approvals {
+        extra.push("--codex-approvals".to_owned());
+        extra.push(if accept { "accept" } else { "decline" }.to_owned());
     }
     let binary = setting(w.agent, "binary").unwrap_or("codex").to_owned();
     let argv = vec![binary, "app-server".to_owned()];
@@ -1647,7 +1772,7 @@ mod tests {
         let thread = Thread {
             id: "T".to_owned(),
             home: Some(d.path().to_owned()),
-            accept_approvals: false,
+            approvals: None,
         };
         let turn = || TurnId::new("r1");
         let interrupted = |o: &Observed| {
@@ -1749,14 +1874,18 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("t.lock");
         let f = std::fs::File::create(&p).unwrap();
-        assert!(lock_holders(&p).is_empty());
+        assert!(lock_holders_checked(&p).unwrap().is_empty());
         f.lock().unwrap();
         assert_eq!(
-            lock_holders(&p),
+            lock_holders_checked(&p).unwrap(),
             vec![i32::try_from(std::process::id()).unwrap()]
         );
         f.unlock().unwrap();
-        assert!(lock_holders(&p).is_empty());
-        assert!(lock_holders(&d.path().join("none.lock")).is_empty());
+        assert!(lock_holders_checked(&p).unwrap().is_empty());
+        assert!(
+            lock_holders_checked(&d.path().join("none.lock"))
+                .unwrap()
+                .is_empty()
+        );
     }
 }

@@ -526,9 +526,10 @@ pub struct SuperviseArgs {
     pub codex_thread: Option<String>,
     #[arg(long, requires = "codex_thread")]
     pub codex_home: Option<PathBuf>,
-    /// Accept the approval requests of the Codex turn (else they are declined).
-    #[arg(long, requires = "codex_thread")]
-    pub codex_accept_approvals: bool,
+    /// How to answer the Codex turn's approval requests; unset, our own app-server declines
+    /// them and the daemon leaves them to the person's open session.
+    #[arg(long, requires = "codex_thread", value_parser = ["accept", "decline"])]
+    pub codex_approvals: Option<String>,
     #[arg(last = true, required = true)]
     pub argv: Vec<String>,
 }

@@ -790,7 +790,7 @@ fn supervise_cmd(cli: &Cli, a: &SuperviseArgs) -> Result<(), Failure> {
             .map(|id| crate::adapter::codex::Thread {
                 id: id.clone(),
                 home: a.codex_home.clone(),
-                accept_approvals: a.codex_accept_approvals,
+                approvals: a.codex_approvals.as_deref().map(|a| a == "accept"),
             }),
         claude: a
             .claude_session
