@@ -22,10 +22,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// The binary cargo built for this bench (the same profile and target folder).
 fn bin() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/release/handoffs");
-    assert!(p.exists(), "build it first: cargo build --release");
-    p
+    PathBuf::from(env!("CARGO_BIN_EXE_handoffs"))
 }
 
 fn pct(sorted: &[f64], p: f64) -> f64 {

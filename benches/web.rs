@@ -11,10 +11,9 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
+/// The binary cargo built for this bench (the same profile and target folder).
 fn bin() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/release/handoffs");
-    assert!(p.exists(), "build it first: cargo build --release");
-    p
+    PathBuf::from(env!("CARGO_BIN_EXE_handoffs"))
 }
 
 fn main() {

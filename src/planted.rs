@@ -43,10 +43,13 @@ pub enum Plant {
     /// The MCP transport drops a request whose `params` is not an object, where it owes the
     /// client an answer with the request's id (the client would wait forever).
     McpDropsBadParams,
+    /// The engine keeps its jobs' batched steps uncommitted while they wait on an agent
+    /// (its write lock blocks every other process meanwhile).
+    HoldBatchWhileWaiting,
 }
 
 impl Plant {
-    pub const ALL: [Plant; 15] = [
+    pub const ALL: [Plant; 16] = [
         Plant::EnrolAfterCommit,
         Plant::NoSyncBeforeWrite,
         Plant::ResumeBesideLive,
@@ -62,6 +65,7 @@ impl Plant {
         Plant::SpendSplit,
         Plant::EnrolIgnoresCancel,
         Plant::McpDropsBadParams,
+        Plant::HoldBatchWhileWaiting,
     ];
 
     /// Its name in `HANDOFFS_PLANT`.
@@ -82,6 +86,7 @@ impl Plant {
             Plant::SpendSplit => "spend_split",
             Plant::EnrolIgnoresCancel => "enrol_ignores_cancel",
             Plant::McpDropsBadParams => "mcp_drops_bad_params",
+            Plant::HoldBatchWhileWaiting => "hold_batch_while_waiting",
         }
     }
 }

@@ -388,3 +388,72 @@ fn an_engine_whose_binary_was_replaced_keeps_delivering() {
         "a replaced binary stopped the engine's writes: {status}"
     );
 }
+
+/// The engine batches the steps its jobs take at the same moment into one transaction, but
+/// never holds the write lock while it waits: a `send` from another process goes through
+/// while the engine's look at a recipient's activity hangs. (With a 1 s busy timeout, a lock
+/// kept over that look, open since the pass's first step, would refuse the send.)
+#[test]
+fn a_send_goes_through_while_the_engine_waits_on_an_agent() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let w = World::new();
+    w.ok(&["agent", "add", "planner", "--provider", "demo"]);
+    let asked = Arc::new(AtomicBool::new(false));
+    let seen = asked.clone();
+    let app = axum::Router::new()
+        .route("/", axum::routing::post(|| async { "{}" }))
+        .route(
+            "/activity",
+            axum::routing::get(move || {
+                seen.store(true, Ordering::SeqCst);
+                async {
+                    tokio::time::sleep(Duration::from_secs(4)).await;
+                    r#"{"status":"idle"}"#
+                }
+            }),
+        );
+    let url = common::serve(app);
+    w.ok(&[
+        "agent",
+        "add",
+        "slow",
+        "--provider",
+        "command",
+        "--set",
+        &format!("url={url}"),
+        "--set",
+        &format!("activity_url={url}activity"),
+    ]);
+    w.ok(&["send", "planner", "slow", "first"]);
+    // A long interval: the engine's loop does not come round while the look hangs.
+    let mut engine = w
+        .cmd()
+        .args(["run", "--interval", "20"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map(common::Engine)
+        .unwrap();
+    let started = std::time::Instant::now();
+    while !asked.load(Ordering::SeqCst) {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the engine never asked the recipient's activity"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let out = w
+        .cmd()
+        .env("HANDOFFS_BUSY_TIMEOUT_MS", "1000")
+        .args(["send", "planner", "slow", "second"])
+        .output()
+        .unwrap();
+    kill9(&mut engine);
+    assert!(
+        out.status.success(),
+        "a send while the engine waited on an agent was refused: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

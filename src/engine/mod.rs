@@ -146,6 +146,32 @@ fn sync_failure(ctx: &Ctx, e: &dyn std::fmt::Display) -> ServiceError {
     ServiceError::Refused(first)
 }
 
+/// Polls `fut`; whenever it has to wait, first commits the steps the engine's jobs batched
+/// so far ([`Service::batch_steps`]): the write lock is never held while the engine waits
+/// on an agent, a timer or another process, and what the jobs decided is visible to others
+/// as soon as none of them can go on. Steps ready at the same moment share one commit.
+async fn flushing<F: std::future::Future>(ctx: &Ctx, svc: &RefCell<Service>, fut: F) -> F::Output {
+    let mut fut = std::pin::pin!(fut);
+    std::future::poll_fn(|cx| {
+        let polled = fut.as_mut().poll(cx);
+        if polled.is_pending()
+            && !crate::planted::planted(crate::planted::Plant::HoldBatchWhileWaiting)
+        {
+            flush_or_stop(ctx, svc);
+        }
+        polled
+    })
+    .await
+}
+
+/// Commits the batched steps; a commit that fails stops the engine like a failed sync (the
+/// steps its jobs took for committed are gone, so none of them may act on them).
+fn flush_or_stop(ctx: &Ctx, svc: &RefCell<Service>) {
+    if let Err(e) = svc.borrow_mut().flush_steps() {
+        sync_failure(ctx, &e);
+    }
+}
+
 /// A sync of the WAL running on the blocking pool.
 type IdleSync = tokio::task::JoinHandle<Result<(), crate::store::StoreError>>;
 
@@ -297,11 +323,15 @@ impl Engine {
         let started = Instant::now();
         let started_at = self.now();
         let mut report = self.new_report();
+        if let Err(e) = self.service.borrow_mut().batch_steps(true) {
+            report.errors.push(e.to_string());
+        }
         self.housekeeping_if_due(&mut report);
         let mut jobs = FuturesUnordered::new();
         let mut busy = HashSet::new();
         self.dispatch(&mut jobs, &mut busy, &mut report, false, usize::MAX);
-        while let Some((_, part)) = jobs.next().await {
+        let (ctx, svc) = (self.ctx.clone(), self.service.clone());
+        while let Some((_, part)) = flushing(&ctx, &svc, jobs.next()).await {
             report.absorb(part);
         }
         if let Err(e) = sync_all(&self.ctx, &self.service) {
@@ -316,6 +346,9 @@ impl Engine {
                 .is_none_or(|t| started_at.since(t) >= REPORT_HEARTBEAT_MS);
         if worth_saving {
             self.save_report(&mut report, started_at);
+        }
+        if let Err(e) = self.service.borrow_mut().batch_steps(false) {
+            report.errors.push(e.to_string());
         }
         report
     }
@@ -1043,6 +1076,11 @@ impl Engine {
         };
         let mut events = changes.as_ref().map(service::Changes::subscribe);
         let mut idle_sync: Option<IdleSync> = None;
+        // The steps of jobs ready at the same moment share one commit (`flushing`).
+        if let Err(e) = self.service.borrow_mut().batch_steps(true) {
+            sync_failure(&self.ctx, &e);
+        }
+        let (ctx, svc) = (self.ctx.clone(), self.service.clone());
         loop {
             let failed = self.ctx.sync_failed.borrow().clone();
             if let Some(e) = failed {
@@ -1050,6 +1088,7 @@ impl Engine {
                 return Err(e);
             }
             if !db.exists() {
+                let _ = self.service.borrow_mut().batch_steps(false);
                 return Err(format!(
                     "the database {} is gone; the engine stops",
                     db.display()
@@ -1107,23 +1146,7 @@ impl Engine {
             // blocking pool, so a send that comes meanwhile is not held up by the disk (the
             // simulation, whose worlds are replayed from a seed, syncs in line).
             if jobs.is_empty() && idle_sync.is_none() {
-                let mut s = self.service.borrow_mut();
-                let mark = s.changes_so_far();
-                match s.sync_elsewhere(mark) {
-                    Ok(None) => {}
-                    Ok(Some(sync)) if self.files => {
-                        idle_sync = Some(tokio::task::spawn_blocking(sync));
-                    }
-                    Ok(Some(sync)) => {
-                        if let Err(e) = sync() {
-                            sync_failure(&self.ctx, &e);
-                        }
-                    }
-                    Err(e) => {
-                        sync_failure(&self.ctx, &e);
-                    }
-                }
-                drop(s);
+                idle_sync = self.sync_when_idle();
                 if self.ctx.sync_failed.borrow().is_some() {
                     continue;
                 }
@@ -1146,11 +1169,14 @@ impl Engine {
                 }
                 None => &mut events,
             };
+            // What the loop itself wrote (housekeeping, rests, the report) is committed
+            // before it waits; the jobs' steps whenever they all wait (`flushing`).
+            flush_or_stop(&ctx, &svc);
             let deadline = tokio::time::Instant::now() + wait;
             tokio::select! {
                 biased;
                 () = &mut shutdown => return self.stop(jobs).await,
-                Some((recipient, part)) = jobs.next(), if !jobs.is_empty() => {
+                Some((recipient, part)) = flushing(&ctx, &svc, jobs.next()), if !jobs.is_empty() => {
                     busy.remove(&recipient);
                     report.absorb(part);
                 }
@@ -1167,12 +1193,41 @@ impl Engine {
         }
     }
 
+    /// Syncs what the engine committed now that nothing runs: on the blocking pool (the
+    /// sync it hands back), or in line in the simulation.
+    fn sync_when_idle(&mut self) -> Option<IdleSync> {
+        let mut s = self.service.borrow_mut();
+        let mark = s.changes_so_far();
+        match s.sync_elsewhere(mark) {
+            Ok(None) => {}
+            Ok(Some(sync)) if self.files => return Some(tokio::task::spawn_blocking(sync)),
+            Ok(Some(sync)) => {
+                if let Err(e) = sync() {
+                    sync_failure(&self.ctx, &e);
+                }
+            }
+            Err(e) => {
+                sync_failure(&self.ctx, &e);
+            }
+        }
+        None
+    }
+
     /// Lets running jobs finish their step for a short while; what is cut off mid-write is
     /// left as a crash would leave it, for the next engine to settle.
     async fn stop(&mut self, mut jobs: FuturesUnordered<Job>) -> Result<(), String> {
-        let _ =
-            tokio::time::timeout(STOP_GRACE, async { while jobs.next().await.is_some() {} }).await;
+        let _ = tokio::time::timeout(
+            STOP_GRACE,
+            flushing(&self.ctx, &self.service, async {
+                while jobs.next().await.is_some() {}
+            }),
+        )
+        .await;
         sync_all(&self.ctx, &self.service).map_err(|e| e.to_string())?;
+        self.service
+            .borrow_mut()
+            .batch_steps(false)
+            .map_err(|e| e.to_string())?;
         Ok(())
     }
 }

@@ -95,6 +95,17 @@ impl Service {
         self.store.commit_lazily()
     }
 
+    /// Batches this service's write steps into one open transaction (`on`), or commits what
+    /// is batched and stops (`off`): the engine, while it runs ([`Store::batch_steps`]).
+    pub fn batch_steps(&mut self, on: bool) -> std::result::Result<(), StoreError> {
+        self.store.batch_steps(on)
+    }
+
+    /// Commits the steps batched so far ([`Store::flush`]): before the engine waits.
+    pub fn flush_steps(&mut self) -> std::result::Result<(), StoreError> {
+        self.store.flush()
+    }
+
     /// A mark of the commits made so far, to hand to [`Service::sync_upto`].
     pub fn changes_so_far(&self) -> u64 {
         self.store.changes_so_far()

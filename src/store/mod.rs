@@ -115,6 +115,22 @@ pub struct Store {
     wal: Option<(std::sync::Arc<std::fs::File>, u64)>,
     /// Write transactions committed through [`Store::write`] (the marks of `sync_upto`).
     commits: u64,
+    /// The engine's steps share one open write transaction ([`Store::batch_steps`]).
+    batch: Batch,
+}
+
+/// Steps batched into one write transaction: each step is a savepoint in it, and the whole
+/// is committed when the engine is about to wait or act ([`Store::flush`]).
+#[derive(Debug, Default)]
+struct Batch {
+    /// Writes join the open batch instead of committing each on its own.
+    on: bool,
+    /// A batch transaction is open (`BEGIN IMMEDIATE` ran, `COMMIT` not yet).
+    open: bool,
+    /// Why a batch was lost (its commit failed, or SQLite rolled it back after an error):
+    /// steps its writers took for committed are gone, so nothing may sync or act on them;
+    /// the connection reports this from then on.
+    lost: Option<String>,
 }
 
 /// The token file beside a database: `<db>.token`.
@@ -312,6 +328,7 @@ impl Store {
             synced_changes: std::sync::Arc::default(),
             commits: 0,
             wal: None,
+            batch: Batch::default(),
         };
         if version < migrations::LATEST {
             store.migrate(version)?;
@@ -365,19 +382,141 @@ impl Store {
     }
 
     /// Runs `f` in one short `BEGIN IMMEDIATE` transaction: all of it is committed, or none.
+    /// While steps are batched ([`Store::batch_steps`]) it is a savepoint of the open batch
+    /// instead: all of it or none of it joins the batch, committed by [`Store::flush`].
     pub fn write<T, E>(&mut self, f: impl FnOnce(&Tx<'_>) -> Result<T, E>) -> Result<T, E>
     where
         E: From<StoreError>,
     {
+        if self.batch.on {
+            return self.step_in_batch(f);
+        }
         self.transaction(WRITE_BEGIN, f)
     }
 
-    /// Runs `f` in a read transaction (a consistent snapshot).
+    /// [`Store::write`], committed at once even while steps are batched: what another
+    /// process acts on as soon as it is written (a supervisor reads its run, a Claude
+    /// channel its card). The open batch is committed first, in order.
+    pub fn write_shared<T, E>(&mut self, f: impl FnOnce(&Tx<'_>) -> Result<T, E>) -> Result<T, E>
+    where
+        E: From<StoreError>,
+    {
+        self.flush()?;
+        self.transaction(WRITE_BEGIN, f)
+    }
+
+    /// Runs `f` in a read transaction (a consistent snapshot); inside the open batch while
+    /// one is open (it sees the batch's steps, as it would have seen them committed).
     pub fn read<T, E>(&mut self, f: impl FnOnce(&Tx<'_>) -> Result<T, E>) -> Result<T, E>
     where
         E: From<StoreError>,
     {
+        if self.batch.open {
+            self.check_batch()?;
+            return f(&Tx { tx: &self.conn });
+        }
         self.transaction("BEGIN DEFERRED", f)
+    }
+
+    /// From now on (`on`) this connection's writes are steps of one open write transaction,
+    /// each a savepoint, committed together by [`Store::flush`] (which also runs before any
+    /// sync): the engine batches the steps its jobs take at the same moment, so their pages
+    /// go to the WAL once. Whoever turns it on flushes before it waits on anything (holding
+    /// the write lock meanwhile would stall every other process's commit) and before any
+    /// other process may act on what it wrote. Off flushes what is open.
+    pub fn batch_steps(&mut self, on: bool) -> Result<()> {
+        if !on {
+            self.flush()?;
+        }
+        self.batch.on = on;
+        Ok(())
+    }
+
+    /// Commits the open batch, if any. A failed commit loses the whole batch: every later
+    /// flush and sync on this connection fails with the reason (see [`Batch::lost`]).
+    pub fn flush(&mut self) -> Result<()> {
+        self.check_batch()?;
+        if !self.batch.open {
+            return Ok(());
+        }
+        self.batch.open = false;
+        if let Err(e) = self
+            .conn
+            .prepare_cached("COMMIT")
+            .and_then(|mut s| s.execute([]))
+        {
+            if !self.conn.is_autocommit() {
+                let _ = self.conn.execute_batch("ROLLBACK");
+            }
+            return Err(self.lose_batch(&format!("its commit failed: {e}")));
+        }
+        Ok(())
+    }
+
+    /// Fails once a batch was lost, and notices a batch SQLite rolled back on its own (after
+    /// an I/O error, a full disk).
+    fn check_batch(&mut self) -> Result<()> {
+        if self.batch.open && self.conn.is_autocommit() {
+            self.batch.open = false;
+            return Err(self.lose_batch("SQLite rolled it back after an error"));
+        }
+        match &self.batch.lost {
+            Some(why) => Err(StoreError::Io(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn lose_batch(&mut self, why: &str) -> StoreError {
+        let why = self.batch.lost.get_or_insert_with(|| {
+            format!("the engine's batched steps were not committed ({why})")
+        });
+        StoreError::Io(why.clone())
+    }
+
+    /// One step of the open batch (opened here if none is): a savepoint, released when `f`
+    /// succeeds and rolled back when it fails or panics, so the batch keeps every other
+    /// step whole.
+    fn step_in_batch<T, E>(&mut self, f: impl FnOnce(&Tx<'_>) -> Result<T, E>) -> Result<T, E>
+    where
+        E: From<StoreError>,
+    {
+        /// Undoes the step unless it was released.
+        struct Step<'c>(&'c Connection, bool);
+        impl Drop for Step<'_> {
+            fn drop(&mut self) {
+                if !self.1 {
+                    let _ = self.0.execute_batch("ROLLBACK TO step; RELEASE step");
+                }
+            }
+        }
+        let run = |conn: &Connection, sql: &str| -> Result<()> {
+            conn.prepare_cached(sql)?.execute([])?;
+            Ok(())
+        };
+        self.check_batch()?;
+        if !self.batch.open {
+            if !self.conn.is_autocommit() {
+                self.conn.execute_batch("ROLLBACK").map_err(|e| {
+                    StoreError::Sqlite(format!("cannot end an open transaction: {e}"))
+                })?;
+            }
+            run(&self.conn, WRITE_BEGIN)?;
+            self.batch.open = true;
+        }
+        let conn = &self.conn;
+        run(conn, "SAVEPOINT step")?;
+        let mut step = Step(conn, false);
+        let out = f(&Tx { tx: conn });
+        if out.is_ok() {
+            run(conn, "RELEASE step")?;
+            step.1 = true;
+        }
+        drop(step);
+        // An error inside `f` may have made SQLite roll the whole batch back.
+        self.check_batch()?;
+        let out = out?;
+        self.commits += 1;
+        Ok(out)
     }
 
     /// `begin`, `f`, then `COMMIT`; anything else (an error, a failed commit, a panic) rolls
@@ -463,11 +602,15 @@ impl Store {
         mark: u64,
     ) -> Result<Option<impl FnOnce() -> Result<()> + Send + 'static + use<>>> {
         use std::sync::atomic::Ordering;
+        // What is batched is committed first: a sync covers only what is committed.
+        self.flush()?;
         let synced = self.synced_changes.clone();
         if !self.lazy || synced.load(Ordering::SeqCst) >= mark {
             return Ok(None);
         }
-        let mark = mark.min(self.commits);
+        // The sync covers every commit made so far, not only those up to `mark`: a job whose
+        // step was committed with another's finds it synced already (group commit).
+        let mark = self.commits;
         let wal = sibling(&self.path, "-wal");
         let cannot = |what: &str, e: std::io::Error| {
             StoreError::Io(format!("cannot {what} {}: {e}", wal.display()))
@@ -504,13 +647,14 @@ impl Store {
     where
         E: From<StoreError>,
     {
+        self.flush()?;
         if !self.lazy {
-            return self.write(f);
+            return self.transaction(WRITE_BEGIN, f);
         }
         self.conn
             .execute_batch("PRAGMA synchronous=FULL;")
             .map_err(StoreError::from)?;
-        let out = self.write(f);
+        let out = self.transaction(WRITE_BEGIN, f);
         self.conn
             .execute_batch("PRAGMA synchronous=NORMAL;")
             .map_err(StoreError::from)?;
@@ -832,6 +976,84 @@ mod tests {
         assert_eq!(read, None, "nothing of either was committed");
         store.write(|tx| tx.set_config("k", &v)).unwrap();
         assert_eq!(store.read(|tx| tx.config("k")).unwrap(), Some(v));
+    }
+
+    /// Batched steps: each is whole or absent (a failing or panicking one leaves the others),
+    /// other connections see none of them before the flush, a read inside sees them, a sync
+    /// flushes first and covers every step, and a run record is committed at once.
+    #[test]
+    fn batched_steps_commit_together_and_a_failed_step_alone_is_undone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h.db");
+        let (mut store, _) = super::Store::init(&path).unwrap();
+        let mut other = super::Store::open(&path).unwrap();
+        let config = |s: &mut super::Store, k: &str| -> Option<serde_json::Value> {
+            s.read(|tx| tx.config(k)).unwrap()
+        };
+        store.commit_lazily().unwrap();
+        store.batch_steps(true).unwrap();
+        store
+            .write(|tx| tx.set_config("a", &serde_json::json!(1)))
+            .unwrap();
+        let failed: Result<(), super::StoreError> = store.write(|tx| {
+            tx.set_config("b", &serde_json::json!(2))?;
+            Err(super::StoreError::Sqlite("no".to_owned()))
+        });
+        assert!(failed.is_err());
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _: Result<(), super::StoreError> = store.write(|tx| {
+                tx.set_config("c", &serde_json::json!(3))?;
+                panic!("mid-step")
+            });
+        }));
+        assert!(panicked.is_err());
+        store
+            .write(|tx| tx.set_config("d", &serde_json::json!(4)))
+            .unwrap();
+        assert_eq!(config(&mut store, "a"), Some(serde_json::json!(1)));
+        assert_eq!(
+            config(&mut other, "a"),
+            None,
+            "not committed before the flush"
+        );
+        let mark = store.changes_so_far();
+        store.sync_upto(mark).unwrap();
+        for (k, v) in [("a", Some(1)), ("b", None), ("c", None), ("d", Some(4))] {
+            assert_eq!(
+                config(&mut other, k),
+                v.map(|v| serde_json::json!(v)),
+                "{k}"
+            );
+        }
+        // What another process acts on is committed at once, with the batch before it.
+        store
+            .write(|tx| tx.set_config("e", &serde_json::json!(5)))
+            .unwrap();
+        store
+            .write_shared(|tx| tx.set_config("f", &serde_json::json!(6)))
+            .unwrap();
+        assert_eq!(config(&mut other, "e"), Some(serde_json::json!(5)));
+        assert_eq!(config(&mut other, "f"), Some(serde_json::json!(6)));
+        store.batch_steps(false).unwrap();
+        assert!(store.conn.is_autocommit());
+    }
+
+    /// A batch SQLite rolled back (an I/O error, a full disk) is lost: its steps' writers
+    /// took them for committed, so no flush or sync may report success on that connection.
+    #[test]
+    fn a_lost_batch_fails_every_later_flush_and_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut store, _) = super::Store::init(&dir.path().join("h.db")).unwrap();
+        store.commit_lazily().unwrap();
+        store.batch_steps(true).unwrap();
+        store
+            .write(|tx| tx.set_config("a", &serde_json::json!(1)))
+            .unwrap();
+        store.conn.execute_batch("ROLLBACK").unwrap();
+        let e = store.flush().unwrap_err().to_string();
+        assert!(e.contains("were not committed"), "{e}");
+        assert!(store.sync_upto(store.changes_so_far()).is_err());
+        assert!(store.flush().is_err(), "for good");
     }
 
     /// A lazy connection syncs once for every write commit made since its last sync, and

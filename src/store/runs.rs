@@ -328,7 +328,7 @@ impl super::Store {
     }
 
     pub fn insert_run(&mut self, r: &RunRow) -> Result<()> {
-        self.write(|tx| tx.insert_run(r))
+        self.write_shared(|tx| tx.insert_run(r))
     }
 
     /// Records how a run ended (once: a run with an outcome keeps it) and makes its delivery
@@ -341,16 +341,16 @@ impl super::Store {
         outcome: &str,
         detail: Option<&str>,
     ) -> Result<()> {
-        self.write(|tx| tx.finish_run(request_id, at, exit_code, outcome, detail))
+        self.write_shared(|tx| tx.finish_run(request_id, at, exit_code, outcome, detail))
     }
 
     /// Forgets a run that wrote nothing (refused, held), so a retry may use its request id.
     pub fn forget_refused_run(&mut self, request_id: &str) -> Result<()> {
-        self.write(|tx| tx.forget_refused_run(request_id))
+        self.write_shared(|tx| tx.forget_refused_run(request_id))
     }
 
     pub fn leave_run_open(&mut self, request_id: &str, at: i64) -> Result<()> {
-        self.write(|tx| tx.leave_run_open(request_id, at))
+        self.write_shared(|tx| tx.leave_run_open(request_id, at))
     }
 
     pub fn run_marks(&mut self, request_id: &str) -> Result<(Option<i64>, Option<i64>)> {
@@ -358,16 +358,16 @@ impl super::Store {
     }
 
     pub fn mark_run_missing(&mut self, request_id: &str, at: i64) -> Result<()> {
-        self.write(|tx| tx.mark_run_missing(request_id, at))
+        self.write_shared(|tx| tx.mark_run_missing(request_id, at))
     }
 
     pub fn set_run_pid(&mut self, request_id: &str, pid: i64) -> Result<()> {
-        self.write(|tx| tx.set_run_pid(request_id, pid))
+        self.write_shared(|tx| tx.set_run_pid(request_id, pid))
     }
 
     /// What a run's turn waits for now, shown with its delivery (see [`super::Tx::set_run_note`]).
     pub fn set_run_note(&mut self, request_id: &str, note: Option<&str>) -> Result<()> {
-        self.write(|tx| tx.set_run_note(request_id, note))
+        self.write_shared(|tx| tx.set_run_note(request_id, note))
     }
 
     /// The message a run delivers.
@@ -388,11 +388,11 @@ impl super::Store {
     }
 
     pub fn open_channel(&mut self, c: &ChannelRow) -> Result<()> {
-        self.write(|tx| tx.open_channel(c))
+        self.write_shared(|tx| tx.open_channel(c))
     }
 
     pub fn close_channel(&mut self, pid: i64) -> Result<()> {
-        self.write(|tx| tx.close_channel(pid))
+        self.write_shared(|tx| tx.close_channel(pid))
     }
 
     pub fn channels_for(&mut self, agent: &str, session: &str) -> Result<Vec<ChannelRow>> {
@@ -402,7 +402,7 @@ impl super::Store {
     /// A channel write's run and its card, committed together; a refused run of the same
     /// request id (a retry after a refusal: nothing was written) makes way for them.
     pub fn queue_push(&mut self, run: &RunRow, push: &PushRow) -> Result<()> {
-        self.write(|tx| {
+        self.write_shared(|tx| {
             tx.forget_refused_run(&run.request_id)?;
             tx.insert_run(run)?;
             tx.insert_push(push)
@@ -418,11 +418,11 @@ impl super::Store {
     }
 
     pub fn take_push(&mut self, request_id: &str, listener: i64, at: i64) -> Result<bool> {
-        self.write(|tx| tx.take_push(request_id, listener, at))
+        self.write_shared(|tx| tx.take_push(request_id, listener, at))
     }
 
     pub fn withdraw_push(&mut self, request_id: &str) -> Result<bool> {
-        self.write(|tx| tx.withdraw_push(request_id))
+        self.write_shared(|tx| tx.withdraw_push(request_id))
     }
 
     /// Takes back a card no listener took and records its run's end, in one transaction:
@@ -434,7 +434,7 @@ impl super::Store {
         outcome: &str,
         detail: &str,
     ) -> Result<bool> {
-        self.write(|tx| {
+        self.write_shared(|tx| {
             let withdrawn = tx.withdraw_push(request_id)?;
             if withdrawn {
                 tx.finish_run(request_id, at, None, outcome, Some(detail))?;
