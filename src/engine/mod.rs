@@ -172,6 +172,38 @@ fn flush_or_stop(ctx: &Ctx, svc: &RefCell<Service>) {
     }
 }
 
+/// Batching for as long as `run` or `pass` lasts: turned on by [`Batching::start`], and off
+/// when dropped, rolling back whatever was not committed (the normal ends commit first; a
+/// future dropped mid-run, or an engine that stops after a failed sync, leaves the database
+/// as a crash would, and never holds the write lock after it).
+struct Batching(Shared);
+
+impl Batching {
+    fn start(ctx: &Ctx, svc: &Shared) -> Batching {
+        if let Err(e) = svc.borrow_mut().batch_steps(true) {
+            sync_failure(ctx, &e);
+        }
+        Batching(svc.clone())
+    }
+
+    /// Commits what is batched and ends batching (a failure stops the engine).
+    fn finish(self, ctx: &Ctx) -> Result<(), ServiceError> {
+        if ctx.sync_failed.borrow().is_some() {
+            return Ok(());
+        }
+        let done = self.0.borrow_mut().batch_steps(false);
+        done.map_err(|e| sync_failure(ctx, &e))
+    }
+}
+
+impl Drop for Batching {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.0.try_borrow_mut() {
+            s.abandon_batch();
+        }
+    }
+}
+
 /// A sync of the WAL running on the blocking pool.
 type IdleSync = tokio::task::JoinHandle<Result<(), crate::store::StoreError>>;
 
@@ -323,9 +355,7 @@ impl Engine {
         let started = Instant::now();
         let started_at = self.now();
         let mut report = self.new_report();
-        if let Err(e) = self.service.borrow_mut().batch_steps(true) {
-            report.errors.push(e.to_string());
-        }
+        let batching = Batching::start(&self.ctx, &self.service);
         self.housekeeping_if_due(&mut report);
         let mut jobs = FuturesUnordered::new();
         let mut busy = HashSet::new();
@@ -347,7 +377,7 @@ impl Engine {
         if worth_saving {
             self.save_report(&mut report, started_at);
         }
-        if let Err(e) = self.service.borrow_mut().batch_steps(false) {
+        if let Err(e) = batching.finish(&self.ctx) {
             report.errors.push(e.to_string());
         }
         report
@@ -1077,9 +1107,7 @@ impl Engine {
         let mut events = changes.as_ref().map(service::Changes::subscribe);
         let mut idle_sync: Option<IdleSync> = None;
         // The steps of jobs ready at the same moment share one commit (`flushing`).
-        if let Err(e) = self.service.borrow_mut().batch_steps(true) {
-            sync_failure(&self.ctx, &e);
-        }
+        let _batching = Batching::start(&self.ctx, &self.service);
         let (ctx, svc) = (self.ctx.clone(), self.service.clone());
         loop {
             let failed = self.ctx.sync_failed.borrow().clone();
@@ -1088,7 +1116,6 @@ impl Engine {
                 return Err(e);
             }
             if !db.exists() {
-                let _ = self.service.borrow_mut().batch_steps(false);
                 return Err(format!(
                     "the database {} is gone; the engine stops",
                     db.display()
@@ -1127,6 +1154,9 @@ impl Engine {
                 }
                 None => interval,
             };
+            // What the loop itself wrote (housekeeping, rests, the report) is committed
+            // before it yields or waits; the jobs' steps whenever they all wait (`flushing`).
+            flush_or_stop(&ctx, &svc);
             if wait.is_zero() && !jobs.is_empty() {
                 // What is due belongs to a recipient whose job is running (or waits for a
                 // free job): look again when a job ends or another process commits.
@@ -1169,9 +1199,6 @@ impl Engine {
                 }
                 None => &mut events,
             };
-            // What the loop itself wrote (housekeeping, rests, the report) is committed
-            // before it waits; the jobs' steps whenever they all wait (`flushing`).
-            flush_or_stop(&ctx, &svc);
             let deadline = tokio::time::Instant::now() + wait;
             tokio::select! {
                 biased;
@@ -1223,11 +1250,16 @@ impl Engine {
             }),
         )
         .await;
-        sync_all(&self.ctx, &self.service).map_err(|e| e.to_string())?;
-        self.service
-            .borrow_mut()
-            .batch_steps(false)
-            .map_err(|e| e.to_string())?;
+        // After a failed sync nothing more is committed: `run`'s `Batching` rolls back.
+        let synced = sync_all(&self.ctx, &self.service);
+        let failed = self.ctx.sync_failed.borrow().is_some();
+        let off = if failed {
+            Ok(())
+        } else {
+            self.service.borrow_mut().batch_steps(false)
+        };
+        synced.map_err(|e| e.to_string())?;
+        off.map_err(|e| e.to_string())?;
         Ok(())
     }
 }

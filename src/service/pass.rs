@@ -101,6 +101,11 @@ impl Service {
         self.store.batch_steps(on)
     }
 
+    /// Ends batching, rolling back what is not committed ([`Store::abandon_batch`]).
+    pub fn abandon_batch(&mut self) {
+        self.store.abandon_batch();
+    }
+
     /// Commits the steps batched so far ([`Store::flush`]): before the engine waits.
     pub fn flush_steps(&mut self) -> std::result::Result<(), StoreError> {
         self.store.flush()

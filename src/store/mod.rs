@@ -432,6 +432,16 @@ impl Store {
         Ok(())
     }
 
+    /// Ends batching without committing: what is open is rolled back, as a crash would
+    /// leave it (an engine dropped mid-run, or one that stops after a failed sync).
+    pub fn abandon_batch(&mut self) {
+        if self.batch.open && !self.conn.is_autocommit() {
+            let _ = self.conn.execute_batch("ROLLBACK");
+        }
+        self.batch.open = false;
+        self.batch.on = false;
+    }
+
     /// Commits the open batch, if any. A failed commit loses the whole batch: every later
     /// flush and sync on this connection fails with the reason (see [`Batch::lost`]).
     pub fn flush(&mut self) -> Result<()> {
@@ -484,8 +494,15 @@ impl Store {
         struct Step<'c>(&'c Connection, bool);
         impl Drop for Step<'_> {
             fn drop(&mut self) {
-                if !self.1 {
-                    let _ = self.0.execute_batch("ROLLBACK TO step; RELEASE step");
+                // A savepoint that cannot be undone takes the whole batch with it (the
+                // next look at the batch reports it lost), never half a step.
+                if !self.1
+                    && self
+                        .0
+                        .execute_batch("ROLLBACK TO step; RELEASE step")
+                        .is_err()
+                {
+                    let _ = self.0.execute_batch("ROLLBACK");
                 }
             }
         }
@@ -1036,6 +1053,19 @@ mod tests {
         assert_eq!(config(&mut other, "f"), Some(serde_json::json!(6)));
         store.batch_steps(false).unwrap();
         assert!(store.conn.is_autocommit());
+        // Abandoned (an engine dropped mid-run): what is open is rolled back, as a crash
+        // would leave it, and writes commit on their own again.
+        store.batch_steps(true).unwrap();
+        store
+            .write(|tx| tx.set_config("g", &serde_json::json!(7)))
+            .unwrap();
+        store.abandon_batch();
+        assert!(store.conn.is_autocommit());
+        assert_eq!(config(&mut other, "g"), None);
+        store
+            .write(|tx| tx.set_config("h", &serde_json::json!(8)))
+            .unwrap();
+        assert_eq!(config(&mut other, "h"), Some(serde_json::json!(8)));
     }
 
     /// A batch SQLite rolled back (an I/O error, a full disk) is lost: its steps' writers
