@@ -301,6 +301,22 @@ mod tests {
         }
     }
 
+    /// An id no integer type holds (29 digits) is no id rmcp reads: the request is answered
+    /// invalid with that id, written so that it reads back as the very number the client's
+    /// own parser made of what it sent. Found by the fuzz target, whose build lacked the
+    /// exact float parse (`float_roundtrip`, which jsonschema happens to turn on in the
+    /// product's build; Cargo.toml now asks for it itself): the default parse was one unit
+    /// off, and the answer matched no request. The input is a seed of the fuzz target.
+    #[test]
+    fn an_id_too_large_for_an_integer_is_echoed_as_the_same_number() {
+        let sent = r#"{"jsonrpc":"2.0","id":18446744078446744073709551615,"method":"ping"}"#;
+        let a = answer(sent);
+        assert_eq!(a["error"]["code"], -32600);
+        let echoed: Value = serde_json::from_str(&a.to_string()).unwrap();
+        let own: Value = serde_json::from_str(sent).unwrap();
+        assert_eq!(echoed["id"], own["id"], "{a}");
+    }
+
     #[test]
     fn every_bad_request_is_answered_with_its_id() {
         assert_eq!(answer("not json")["error"]["code"], -32700);
