@@ -39,7 +39,7 @@ const SETTLE_LIMIT: Duration = Duration::from_secs(4 * 3_600);
 /// The simulation's step: every message takes at least one (latencies are 1-40 ms), so a
 /// request and its answer take about a second of virtual time; half a second keeps the
 /// network realistic next to the engine's seconds-long timings and a seed cheap.
-const TICK: Duration = Duration::from_millis(500);
+const TICK: Duration = sim::oracle::TICK;
 /// How long after healing a person releases an UNCERTAIN delivery that once had a receipt
 /// (no scan can settle one; SPEC leaves it to a person who knows how it ended).
 const PERSON_RELEASES_AFTER: Duration = Duration::from_secs(30 * 60);

@@ -16,6 +16,10 @@ use std::time::Duration;
 /// guard's 60 s cache and 5 s timeout (SPEC §2.2 step 6), then the activity check of step 7,
 /// which may take up to its 30 s request timeout before the reservation of step 8.
 pub const GUARD_LAG: Duration = Duration::from_secs(100);
+/// The simulation's step. Within one step each host keeps its own clock, so two hosts may
+/// date the same moment up to one step apart: the oracle never orders events of two hosts
+/// closer than that.
+pub const TICK: Duration = Duration::from_millis(500);
 /// How late a reminder may be: the engine's housekeeping runs at least once a minute.
 pub const REMINDER_LAG: Duration = Duration::from_secs(120);
 /// A write may reach a session whose turn began this shortly before it: the send boundary's
@@ -359,6 +363,20 @@ pub fn g3_never_interrupt(run: &Run) -> Verdict {
     // arrived while the session was in a turn.
     v.exercised = run.busy_answers;
     g3_waited_for(run, &mut v);
+    // When each write left the engine: a link that holds a write delays its arrival, and the
+    // engine answers for what it knew when it sent, not for the network's delay.
+    let mut posted: BTreeMap<&str, Vec<Duration>> = BTreeMap::new();
+    for (rid, at) in &run.posted {
+        posted.entry(rid.as_str()).or_default().push(*at);
+    }
+    let left = |w: &WriteRow| {
+        // The latest departure of its request id no later than its arrival (the hosts'
+        // clocks may disagree by one step of the simulation).
+        posted
+            .get(w.write.request_id.as_str())
+            .and_then(|ts| ts.iter().filter(|t| **t <= w.write.at + TICK).max())
+            .map_or(w.write.at, |t| (*t).min(w.write.at))
+    };
     for w in &run.writes {
         if w.write.busy_since.is_some() {
             v.exercised += 1;
@@ -382,7 +400,8 @@ pub fn g3_never_interrupt(run: &Run) -> Verdict {
             // A turn that began after the engine's last look said idle, moments before the
             // write landed, is a race no check-then-write can see (see BUSY_RACE); any other
             // write into a running turn is the engine's.
-            let race = w.write.last_answer == Some("idle") && w.write.at <= since + BUSY_RACE;
+            let sent = left(w);
+            let race = w.write.last_answer == Some("idle") && sent <= since + BUSY_RACE;
             if w.write.taken && !race {
                 let (req, at, began) = (short(&w.write.request_id), hms(w.write.at), hms(since));
                 v.violations.push(match w.write.into_busy {
@@ -396,12 +415,12 @@ pub fn g3_never_interrupt(run: &Run) -> Verdict {
                     ),
                     _ => format!("{} took {req} at {at} in a turn that began at {began}", w.host),
                 });
-            } else if !w.write.taken && w.write.at > since + BUSY_RACE {
+            } else if !w.write.taken && sent > since + BUSY_RACE {
                 v.violations.push(format!(
                     "{} was sent {} at {} in a turn that began at {}",
                     w.host,
                     short(&w.write.request_id),
-                    hms(w.write.at),
+                    hms(sent),
                     hms(since)
                 ));
             }
@@ -710,7 +729,9 @@ pub fn g7_deadlines(run: &Run) -> Verdict {
         // Open past its due time and the lag: exactly one reminder, in time. Returned before
         // its due time: none. Returned within the lag: at most one.
         let open_past_lag = w.returned_at.is_none_or(|r| r > w.due_at + REMINDER_LAG);
-        let returned_before_due = w.returned_at.is_some_and(|r| r <= w.due_at);
+        // Returned before its due time by more than the hosts' clocks may disagree: a return
+        // dated within one step of the due time may have come after the engine's look.
+        let returned_before_due = w.returned_at.is_some_and(|r| r + TICK <= w.due_at);
         match (open_past_lag, returned_before_due, w.reminders.as_slice()) {
             (_, false, [at]) if *at <= w.due_at + REMINDER_LAG && *at >= w.due_at => {}
             (false, _, []) => {}
@@ -1055,8 +1076,8 @@ pub fn held(run: &Run) -> Verdict {
 #[cfg(test)]
 mod tests {
     use super::{
-        ChainBudgetRow, DeliveryRow, EventRow, HoldRow, Run, WriteRow, budgets, chains,
-        g3_never_interrupt, held, settled,
+        ChainBudgetRow, DeliveryRow, EventRow, HoldRow, Run, WorkRow, WriteRow, budgets, chains,
+        g3_never_interrupt, g7_deadlines, held, settled,
     };
     use crate::agent::Received;
     use std::time::Duration;
@@ -1099,6 +1120,64 @@ mod tests {
         run.writes.pop();
         run.unconnected_writes = vec!["r1".to_owned()];
         assert!(g3_never_interrupt(&run).violations.is_empty());
+    }
+
+    /// A write that a held link delivered late into a turn is judged by when it left the
+    /// engine: sent when the session was idle, it is no interruption; sent 6 s into the
+    /// turn, it is, wherever it arrived.
+    #[test]
+    fn g3_dates_a_write_by_when_it_left_the_engine() {
+        let mut run = reserved_at(10);
+        let mut w = answered(423);
+        w.write.at = Duration::from_millis(15_500);
+        w.write.busy_since = Some(Duration::from_millis(9_500));
+        w.write.last_answer = Some("idle");
+        run.writes = vec![w];
+        run.posted = vec![("r1".to_owned(), Duration::from_millis(9_000))];
+        assert!(
+            g3_never_interrupt(&run).violations.is_empty(),
+            "{:?}",
+            g3_never_interrupt(&run).violations
+        );
+        run.posted = vec![("r1".to_owned(), Duration::from_millis(15_400))];
+        let v = g3_never_interrupt(&run);
+        assert!(
+            v.violations
+                .iter()
+                .any(|m| m
+                    .contains("was sent r1 at 0:00:15.400 in a turn that began at 0:00:09.500")),
+            "{:?}",
+            v.violations
+        );
+    }
+
+    /// A return dated within one step of the due time may have come after the engine's look
+    /// (each host keeps its own clock within a step): a reminder then is no violation; a
+    /// return a step or more before the due time forbids one.
+    #[test]
+    fn g7_forgives_a_reminder_beside_a_return_at_the_due_time_only() {
+        let due = Duration::from_secs(600);
+        let mut run = Run {
+            end: Duration::from_secs(3_600),
+            work: vec![WorkRow {
+                id: "w1".to_owned(),
+                due_at: due,
+                returned_at: Some(due - Duration::from_millis(100)),
+                reminders: vec![due + Duration::from_millis(200)],
+                reminder_deliveries: 0,
+            }],
+            ..Run::default()
+        };
+        assert!(g7_deadlines(&run).violations.is_empty());
+        run.work[0].returned_at = Some(due - Duration::from_secs(1));
+        let v = g7_deadlines(&run);
+        assert!(
+            v.violations
+                .iter()
+                .any(|m| m.contains("work w1 due at 0:10:00.000 was reminded at 0:10:00.200")),
+            "{:?}",
+            v.violations
+        );
     }
 
     /// Only a write on the wire at the cancel may arrive after it, once; one that left after
