@@ -1133,7 +1133,7 @@ mod tests {
         w.write.busy_since = Some(Duration::from_millis(9_500));
         w.write.last_answer = Some("idle");
         run.writes = vec![w];
-        run.posted = vec![("r1".to_owned(), Duration::from_millis(9_000))];
+        run.posted = vec![("r1".to_owned(), Duration::from_secs(9))];
         assert!(
             g3_never_interrupt(&run).violations.is_empty(),
             "{:?}",
@@ -1162,14 +1162,14 @@ mod tests {
             work: vec![WorkRow {
                 id: "w1".to_owned(),
                 due_at: due,
-                returned_at: Some(due - Duration::from_millis(100)),
+                returned_at: Some(Duration::from_millis(599_900)),
                 reminders: vec![due + Duration::from_millis(200)],
                 reminder_deliveries: 0,
             }],
             ..Run::default()
         };
         assert!(g7_deadlines(&run).violations.is_empty());
-        run.work[0].returned_at = Some(due - Duration::from_secs(1));
+        run.work[0].returned_at = Some(Duration::from_secs(599));
         let v = g7_deadlines(&run);
         assert!(
             v.violations
