@@ -829,10 +829,28 @@ pub async fn supervise(s: Supervise) -> i32 {
         outcome: None,
         detail: None,
     };
-    // Recorded before it starts: a supervisor killed right after the start still leaves a
-    // row, and a request id that is already there is never run a second time.
+    // Recorded before it starts, and on stable storage: a supervisor killed (or a machine
+    // that lost power) right after the start still leaves a row, and a request id that is
+    // already there is never run a second time. What the supervisor notes afterwards (the
+    // receipt, the outcome) is committed lazily: the engine syncs the WAL, and with it those
+    // notes, before anything it does on them leaves the database; a note a power cut takes
+    // back leaves a run nobody can tell about, which the engine treats as such.
+    if let Err(e) = store.commit_lazily() {
+        eprintln!("{e}");
+        let _ = std::fs::remove_file(&lock_file);
+        return 1;
+    }
     if let Err(e) = store.insert_run(&row) {
         eprintln!("request {} is not run again: {e}", s.request_id);
+        let _ = std::fs::remove_file(&lock_file);
+        return 0;
+    }
+    if let Err(e) = store.sync_upto(store.changes_so_far()) {
+        refuse(
+            &mut store,
+            &s,
+            &format!("the run's record is not on disk: {e}"),
+        );
         let _ = std::fs::remove_file(&lock_file);
         return 0;
     }
