@@ -284,6 +284,25 @@ struct Codex {
 }
 
 impl Codex {
+    /// Waits until a process holds the thread's writer lock: Codex may take it a moment
+    /// after it answers `thread/resume`, and an engine that looks before then rightly finds
+    /// the thread free.
+    fn wait_held(&self) {
+        let lock = handoffs::adapter::codex::writer_lock(&self.home, &self.thread);
+        let start = Instant::now();
+        while handoffs::adapter::codex::lock_holders_checked(&lock)
+            .unwrap_or_default()
+            .is_empty()
+        {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "nobody took the writer lock {} of the resumed thread",
+                lock.display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     fn new(timeout_secs: Option<u64>) -> Option<Codex> {
         let binary = cli_or_skip("codex", "HANDOFFS_CODEX_BIN")?;
         let w = World::new();
@@ -490,6 +509,7 @@ fn a_thread_held_by_another_codex_waits_with_that_reason() {
             &json!({"threadId": c.thread, "excludeTurns": true}),
         )
         .expect("the person resumes the thread");
+    c.wait_held();
     let _engine = c.engine();
     let id = c.send("for the held thread", None);
     let start = Instant::now();

@@ -105,7 +105,7 @@ pub fn check_settings(settings: &Value) -> Result<(), String> {
 
 /// The processes holding an OS lock on `path` (flock or POSIX), from `/proc/locks`; none
 /// when the file does not exist. `Err` when nobody can tell (no `/proc/locks`).
-pub(crate) fn lock_holders_checked(path: &Path) -> Result<Vec<i32>, String> {
+pub fn lock_holders_checked(path: &Path) -> Result<Vec<i32>, String> {
     use std::os::unix::fs::MetadataExt as _;
     let meta = match std::fs::metadata(path) {
         Ok(m) => m,
@@ -139,7 +139,8 @@ pub(crate) fn lock_holders_checked(path: &Path) -> Result<Vec<i32>, String> {
     Ok(pids)
 }
 
-pub(crate) fn writer_lock(home: &Path, thread: &str) -> PathBuf {
+/// The file whose lock says which Codex process writes to `thread` (Codex's own).
+pub fn writer_lock(home: &Path, thread: &str) -> PathBuf {
     home.join("thread-writer-locks")
         .join(format!("{thread}.lock"))
 }
