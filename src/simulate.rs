@@ -464,6 +464,7 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
     let page: Page = Arc::new(Mutex::new(StatusPage::default()));
     let stop = Arc::new(AtomicBool::new(false));
     let holds: Arc<Mutex<Vec<oracle::HoldRow>>> = Arc::default();
+    let published: Arc<Mutex<Vec<oracle::TopicPostRow>>> = Arc::default();
     let unconnected: Unconnected = Arc::default();
 
     let w = World {
@@ -477,6 +478,7 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
         stop: &stop,
         sent: &sent,
         holds: &holds,
+        published: &published,
         unconnected: &unconnected,
         handoffs: plan.handoffs,
     };
@@ -516,6 +518,11 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
     }
     facts.holds.clone_from(
         &holds
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
+    facts.topic_posts.clone_from(
+        &published
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner),
     );
@@ -565,6 +572,7 @@ struct World<'a> {
     stop: &'a Arc<AtomicBool>,
     sent: &'a Arc<Mutex<Vec<Sent>>>,
     holds: &'a Arc<Mutex<Vec<oracle::HoldRow>>>,
+    published: &'a Arc<Mutex<Vec<oracle::TopicPostRow>>>,
     unconnected: &'a Unconnected,
     handoffs: usize,
 }
@@ -627,6 +635,7 @@ fn world(w: &World<'_>) -> sim::turmoil::Sim<'static> {
         let stop = w.stop.clone();
         let sent = w.sent.clone();
         let holds = w.holds.clone();
+        let published = w.published.clone();
         let handoffs = w.handoffs;
         let seed = w.seed;
         let policy = w.policy.clone();
@@ -634,6 +643,7 @@ fn world(w: &World<'_>) -> sim::turmoil::Sim<'static> {
             let person = Person {
                 trace: &trace,
                 sent: &sent,
+                published: &published,
                 holds: &holds,
                 stop: &stop,
                 policy: &policy,
@@ -1005,6 +1015,8 @@ fn heal(
 struct Person<'a> {
     trace: &'a Trace,
     sent: &'a Mutex<Vec<Sent>>,
+    /// The posts the driver published, with who subscribed as each was.
+    published: &'a Mutex<Vec<oracle::TopicPostRow>>,
     holds: &'a Mutex<Vec<oracle::HoldRow>>,
     stop: &'a AtomicBool,
     /// The engine's policy: a planted bug of the service's (a chain's cancel) is the
@@ -1134,6 +1146,11 @@ async fn driver(
     // Half the chains start with a budget of a few hops and 1,000 tokens, and agents working
     // in a chain spend tokens from it now and then (SPEC §8.2); a stream of its own as well.
     let mut budgets = ChaCha8Rng::seed_from_u64(seed ^ 0xb0d6);
+    // Agents subscribe to a topic, leave it and publish on it now and then (SPEC §8.2
+    // broadcast), from a stream of its own; the topic keeps few posts, so retention works.
+    let mut topics = ChaCha8Rng::seed_from_u64(seed ^ 0x70b1);
+    svc.topic_create(TOPIC, Some(4), None, None)?;
+    let mut subscribers: BTreeSet<String> = BTreeSet::new();
     let mut ids: Vec<String> = Vec::new();
     let mut received: Vec<(usize, String)> = Vec::new();
     let gap_ms = u64::try_from(SEND_WINDOW.as_millis()).unwrap_or(u64::MAX)
@@ -1199,6 +1216,7 @@ async fn driver(
             Err(e) => note(trace, "driver", format!("send refused: {e}")),
         }
         maybe_cancel(&mut svc, &ids, &mut cancels, trace);
+        maybe_publish(&mut svc, names, &mut topics, &mut subscribers, person);
     }
     while !stop.load(Ordering::SeqCst) {
         tokio::time::sleep(Duration::from_secs(60)).await;
@@ -1210,6 +1228,71 @@ async fn driver(
         cancel_under_way(&mut svc, &mut cancels, trace)?;
     }
     Ok(())
+}
+
+/// The topic the simulated agents publish on.
+const TOPIC: &str = "news";
+
+/// Now and then an agent subscribes to the topic or leaves it, and one publishes on it: the
+/// oracle's `topics` check compares each post's notifications with who subscribed as it was
+/// published (the driver's own record, not the store's).
+fn maybe_publish(
+    svc: &mut Service,
+    names: &[String],
+    rng: &mut ChaCha8Rng,
+    subscribers: &mut BTreeSet<String>,
+    person: &Person<'_>,
+) {
+    let trace = person.trace;
+    if rng.random_bool(0.3) {
+        let a = &names[rng.random_range(0..names.len())];
+        if subscribers.contains(a) {
+            match svc.topic_unsubscribe(TOPIC, a) {
+                Ok(_) => {
+                    subscribers.remove(a);
+                    note(trace, "driver", format!("{a} leaves {TOPIC}"));
+                }
+                Err(e) => note(trace, "driver", format!("unsubscribe refused: {e}")),
+            }
+        } else {
+            match svc.topic_subscribe(TOPIC, a, false) {
+                Ok(_) => {
+                    subscribers.insert(a.clone());
+                    note(trace, "driver", format!("{a} subscribes to {TOPIC}"));
+                }
+                Err(e) => note(trace, "driver", format!("subscribe refused: {e}")),
+            }
+        }
+    }
+    if rng.random_bool(0.4) {
+        let from = &names[rng.random_range(0..names.len())];
+        match svc.topic_publish(TOPIC, from, &format!("news from {from}"), None) {
+            Ok(p) => {
+                note(
+                    trace,
+                    "driver",
+                    format!(
+                        "{from} publishes {TOPIC} #{}; told {}",
+                        p.position,
+                        if p.notified.is_empty() {
+                            "nobody".to_owned()
+                        } else {
+                            p.notified.join(", ")
+                        }
+                    ),
+                );
+                person
+                    .published
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push(oracle::TopicPostRow {
+                        title: format!("{TOPIC} #{}", p.position),
+                        subscribers: subscribers.clone(),
+                    });
+            }
+            Err(e) => note(trace, "driver", format!("publish refused: {e}")),
+        }
+    }
 }
 
 /// Now and then, a person cancels the chain of a handoff whose turn is under way (the write
@@ -1772,7 +1855,26 @@ fn gather(
         },
         healed_at,
         end,
+        topic_posts: Vec::new(),
+        topic_notices: topic_notices(c)?,
     })
+}
+
+/// Every topic notification in an inbox: its title, its recipient, and whether it got a
+/// delivery (a notification must never become a turn).
+fn topic_notices(c: &rusqlite::Connection) -> Result<Vec<(String, String, bool)>, String> {
+    let err = |e: rusqlite::Error| e.to_string();
+    let mut st = c
+        .prepare(
+            "SELECT m.title, m.recipient,
+                    EXISTS (SELECT 1 FROM deliveries d WHERE d.message_id = m.id)
+             FROM topic_notices n JOIN messages m ON m.id = n.message_id
+             ORDER BY m.seq",
+        )
+        .map_err(err)?;
+    st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .and_then(Iterator::collect::<rusqlite::Result<Vec<_>>>)
+        .map_err(err)
 }
 
 /// A sweep's summary.

@@ -704,6 +704,12 @@ def check_xss(ctx: Ctx) -> None:
     report("2 the dead letter shows in its panel, its HTML title as literal text", bool(shown) and pwned is None,
            f"shown {shown}, window.__pwned = {pwned}")
 
+    # The topics panel renders (the demo has none: it says so, and counts 0).
+    topics = page.wait("(() => { const p = document.querySelector('[data-testid=panel-topics]');"
+                       " return p && p.innerText.includes('No topic yet.') &&"
+                       " document.getElementById('k-topics').textContent === '0'; })()", 10)
+    report("2 the topics panel renders, empty", bool(topics), "no 'No topic yet.' in panel-topics in 10 s")
+
     # A chain started with a budget and stopped by a spend past it is listed under "Chains in
     # flight", with its state, hops and what it spent of each unit.
     hdrs = {"Content-Type": "application/json", "X-Handoffs-Token": demo.token or ""}

@@ -265,6 +265,7 @@ async fn every_tool_answers_bad_input_with_a_tool_error() {
             let empty_ok = args == json!({})
                 && [
                     "list_agents",
+                    "list_topics",
                     "context_status",
                     "inbox",
                     "list_handoffs",
@@ -924,6 +925,66 @@ async fn every_result_matches_its_tools_output_schema() {
         "context_status",
         &call(&alice, "context_status", json!({})).await,
     );
+    // Topics: alice subscribes, bob publishes as himself (no argument names anyone else),
+    // alice is told once in her inbox and reads the post from her cursor.
+    w.ok(&["topic", "create", "news"]);
+    let sub = check(
+        "subscribe",
+        &call(&alice, "subscribe", json!({"topic": "news"})).await,
+    );
+    assert_eq!(
+        (&sub["agent"], &sub["new"]),
+        (&json!("alice"), &json!(true))
+    );
+    let spoof = err_text(
+        &call(
+            &bob,
+            "publish",
+            json!({"topic": "news", "message": "hi", "from": "alice"}),
+        )
+        .await,
+    );
+    assert!(spoof.contains("this server acts only as bob"), "{spoof}");
+    let published = check(
+        "publish",
+        &call(
+            &bob,
+            "publish",
+            json!({"topic": "news", "message": "build is green"}),
+        )
+        .await,
+    );
+    assert_eq!(published["publisher"], "bob", "{published}");
+    assert_eq!(published["position"], 1, "{published}");
+    assert_eq!(published["notified"], json!(["alice"]), "{published}");
+    let listed_topics = check("list_topics", &call(&alice, "list_topics", json!({})).await);
+    assert_eq!(
+        listed_topics["topics"][0]["subscribers"],
+        json!(["alice"]),
+        "{listed_topics}"
+    );
+    let inbox = ok(&call(&alice, "inbox", json!({"limit": 500})).await);
+    let told: Vec<&Value> = inbox["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .filter(|m| m["title"] == "news #1")
+        .collect();
+    assert_eq!(told.len(), 1, "{inbox}");
+    assert_eq!(told[0]["from"], "bob");
+    let read = check(
+        "read_topic",
+        &call(&alice, "read_topic", json!({"topic": "news"})).await,
+    );
+    assert_eq!(read["posts"][0]["body"], "build is green", "{read}");
+    assert_eq!((&read["cursor"], &read["skipped"]), (&json!(1), &json!(0)));
+    let again = ok(&call(&alice, "read_topic", json!({"topic": "news"})).await);
+    assert_eq!(again["posts"], json!([]), "{again}");
+    let gone = check(
+        "unsubscribe",
+        &call(&alice, "unsubscribe", json!({"topic": "news"})).await,
+    );
+    assert_eq!(gone["removed"], true, "{gone}");
     let listed: std::collections::BTreeSet<String> = alice
         .list_all_tools()
         .await

@@ -65,18 +65,19 @@ HANDOFF_TOOLS = [
     "send_handoff", "inbox", "read_message", "accept_work", "return_work", "close_work",
     "handoff_status", "list_agents", "wait_for_messages", "create_handoff", "claim_handoff",
     "renew_handoff", "pass_handoff", "complete_handoff", "show_handoff", "list_handoffs",
-    "cancel_chain", "spend_budget",
+    "cancel_chain", "spend_budget", "list_topics", "subscribe", "unsubscribe", "publish",
+    "read_topic",
 ]
 CONTEXT_TOOLS = [
     "context_brief", "context_search", "context_get", "context_record", "context_supersede",
     "context_status",
 ]
-READ_ONLY = {"inbox", "list_agents", "handoff_status", "show_handoff", "list_handoffs"}
+READ_ONLY = {"inbox", "list_agents", "handoff_status", "show_handoff", "list_handoffs", "list_topics"}
 CONTEXT_READ_ONLY = {"context_brief", "context_search", "context_get", "context_status"}
 WRITES = {
     "send_handoff", "accept_work", "return_work", "close_work", "create_handoff", "claim_handoff",
     "renew_handoff", "pass_handoff", "complete_handoff", "context_record", "context_supersede",
-    "cancel_chain", "spend_budget",
+    "cancel_chain", "spend_budget", "publish", "read_topic",
 }
 
 CALL_TIMEOUT = 10.0  # seconds, per tool call

@@ -115,6 +115,12 @@ fn a_sweep_catches_a_final_failure_not_kept_as_a_dead_letter() {
 
 #[cfg(feature = "planted-bugs")]
 #[test]
+fn a_sweep_catches_a_publish_that_misses_a_subscriber() {
+    caught_within("publish_misses_subscriber", "topics", 10);
+}
+
+#[cfg(feature = "planted-bugs")]
+#[test]
 fn a_sweep_catches_a_cancel_that_lets_a_reserved_write_go_out() {
     caught_within("cancel_marks_reserved", "chains", 20);
 }

@@ -699,3 +699,32 @@ async fn a_spend_over_http_needs_the_token_and_stops_at_the_limit() {
     assert_eq!(c["chain"]["state"], "needs_human", "{c}");
     assert_eq!(c["chain"]["units"]["usd"]["spent"], 0.6, "{c}");
 }
+
+/// Topics show in `/api/status` (and so on the page) with their posts and subscribers, and
+/// `/metrics` counts every publish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topics_show_with_their_subscribers_and_publishes_are_counted() {
+    let app = app(false);
+    let w = &app.world;
+    w.ok(&["topic", "create", "builds", "--keep", "2"]);
+    w.ok(&["topic", "subscribe", "builds", "writer"]);
+    for text in ["red", "green", "green again"] {
+        w.ok(&["topic", "publish", "builds", "planner", text]);
+    }
+    let mut topic = Value::Null;
+    for _ in 0..50 {
+        let (_, v) = get(&app, "/api/status").await;
+        if v["topics"][0]["last_position"] == 3 {
+            topic = v["topics"][0].clone();
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(topic["name"], "builds", "{topic}");
+    assert_eq!(topic["retained"], 2, "{topic}");
+    assert_eq!(topic["subscribers"], json!(["writer"]), "{topic}");
+    let (s, body, _) = request(&app, "GET", "/metrics", Some("127.0.0.1:8765"), &[], vec![]).await;
+    assert_eq!(s, StatusCode::OK);
+    let text = String::from_utf8_lossy(&body);
+    assert!(text.contains("handoffs_topic_publishes_total 3"), "{text}");
+}

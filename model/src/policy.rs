@@ -224,6 +224,9 @@ pub enum PlantedBug {
     /// it, so the spend that crosses the limit passes (breaks "no chain spends beyond its
     /// budget").
     SpendPastBudget,
+    /// A publish tells every subscriber but the last (by id) of its topic (breaks "a publish
+    /// reaches each subscriber once"; service-level).
+    PublishMissesSubscriber,
 }
 
 #[cfg(test)]

@@ -99,6 +99,14 @@ pub struct WorkRow {
     pub reminder_deliveries: usize,
 }
 
+/// A post the driver published on a topic, and who subscribed to the topic as it did.
+#[derive(Clone, Debug)]
+pub struct TopicPostRow {
+    /// Its title in a subscriber's inbox: `topic #position`.
+    pub title: String,
+    pub subscribers: BTreeSet<String>,
+}
+
 /// Everything a run leaves for the oracle.
 /// A while a person held deliveries back: sending paused (`pair` None), or the connection
 /// from one agent to another blocked.
@@ -174,6 +182,10 @@ pub struct Run {
     pub senders: BTreeMap<String, String>,
     pub healed_at: Option<Duration>,
     pub end: Duration,
+    /// The posts the driver published (SPEC §8.2 broadcast).
+    pub topic_posts: Vec<TopicPostRow>,
+    /// Every topic notification in an inbox: (title, recipient, whether it got a delivery).
+    pub topic_notices: Vec<(String, String, bool)>,
 }
 
 /// One guarantee's verdict.
@@ -852,7 +864,53 @@ pub fn judge(run: &Run, settle_bound: Duration) -> Vec<Verdict> {
         chains(run),
         budgets(run),
         dead(run),
+        topics(run),
     ]
+}
+
+/// SPEC §8.2 broadcast: each post reached every agent that subscribed to its topic as it was
+/// published exactly once, nobody else, and never as a turn, whatever the engine's crashes.
+pub fn topics(run: &Run) -> Verdict {
+    let mut v = Verdict::new("topics", "a publish reaches each subscriber once");
+    let mut told: BTreeMap<(&str, &str), usize> = BTreeMap::new();
+    for (title, to, turned) in &run.topic_notices {
+        *told.entry((title.as_str(), to.as_str())).or_default() += 1;
+        if *turned {
+            v.violations
+                .push(format!("the notification {title} to {to} became a turn"));
+        }
+    }
+    for p in &run.topic_posts {
+        v.exercised += 1;
+        for s in &p.subscribers {
+            match told
+                .get(&(p.title.as_str(), s.as_str()))
+                .copied()
+                .unwrap_or(0)
+            {
+                1 => {}
+                0 => v.violations.push(format!(
+                    "{} never reached {s}, who subscribed as it was published",
+                    p.title
+                )),
+                n => v
+                    .violations
+                    .push(format!("{} reached {s} {n} times", p.title)),
+            }
+        }
+        for ((title, to), _) in told.range((p.title.as_str(), "")..) {
+            if *title != p.title {
+                break;
+            }
+            if !p.subscribers.contains(*to) {
+                v.violations.push(format!(
+                    "{} reached {to}, who did not subscribe as it was published",
+                    p.title
+                ));
+            }
+        }
+    }
+    v
 }
 
 /// SPEC §8.2 dead letters: a handoff that cannot be delivered is kept with its reason, judged

@@ -16,6 +16,7 @@ pub mod pass;
 pub mod session;
 pub mod status;
 pub mod tasks;
+pub mod topics;
 pub mod work;
 
 pub use crate::store::{

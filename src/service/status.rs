@@ -208,6 +208,9 @@ pub struct Board {
     /// The chains in flight (SPEC §8.2): those stopped for a person, then those of the
     /// deliveries on their way, each once, at most `CHAINS_SHOWN`.
     pub chains: Vec<ChainInFlight>,
+    /// The broadcast topics (SPEC §8.2), and how many posts they have had in all.
+    pub topics: Vec<super::topics::TopicView>,
+    pub publishes: i64,
 }
 
 /// A chain in flight, with what its first message asked (its title, or its body on one line).
@@ -362,6 +365,8 @@ impl Service {
             let (stopped, stopped_total) = tx.stopped_chains(20)?;
             let dead_counts = tx.dead_letter_counts()?;
             let dead_letters = tx.dead_letters(false, 20)?;
+            let topics = super::topics::views(tx)?;
+            let publishes = tx.publish_count()?;
             let chains = chains_in_flight(tx, &overview, &stopped)?;
             let open_work = tx.newest_open_work(None, 100)?;
             // Every piece of work: the metrics' histograms count all of it (so they only
@@ -482,6 +487,8 @@ impl Service {
                 dead_counts,
                 dead_letters,
                 chains,
+                topics,
+                publishes,
             })
         })
     }

@@ -3,10 +3,10 @@
 //! does not yet build against rusqlite 0.43, and this is twenty lines.
 
 /// The schema version this build writes.
-pub const LATEST: i64 = 9;
+pub const LATEST: i64 = 10;
 
 /// `STEPS[i]` migrates from version `i` to `i + 1`.
-pub const STEPS: [&str; 9] = [
+pub const STEPS: [&str; 10] = [
     r"
 CREATE TABLE agents (
     id TEXT PRIMARY KEY,
@@ -158,4 +158,7 @@ CREATE INDEX deliveries_recipient_due ON deliveries (recipient, due_at)
     // spent} in millionths of the unit; and each spend, by the turn (message) that made it.
     // Done by `Store::migrate` (`migrate_9`): each change only where it is missing.
     "",
+    // 9 → 10: topics (SPEC §8.2 broadcast): retention, posts in one order per topic, each
+    // subscriber's cursor, and which inbox message told whom of which post.
+    super::topics::SCHEMA,
 ];

@@ -23,6 +23,7 @@ mod events;
 mod messages;
 mod migrations;
 mod runs;
+mod topics;
 mod work;
 
 pub use agents::AgentRow;
@@ -33,6 +34,7 @@ pub use deliveries::{DeliveryRow, QUEUE_HEADS};
 pub use events::EventRow;
 pub use messages::MessageRow;
 pub use runs::{ChannelRow, PushRow, RunRow};
+pub use topics::{PostRow, SubscriberRow, TopicRow};
 pub use work::{WorkCounts, WorkRow, WorkTimes};
 
 use model::work::WorkState;

@@ -187,6 +187,10 @@ pub enum Command {
     /// drop it.
     #[command(subcommand)]
     Dead(DeadCmd),
+    /// Broadcast topics: a publish reaches each subscriber's inbox once, as a notification;
+    /// each subscriber reads on from its own cursor, or replays from a retained position.
+    #[command(subcommand)]
+    Topic(TopicCmd),
     /// Four simulated agents handing work around on a live page; temporary data, deleted on
     /// Ctrl+C.
     Demo {
@@ -450,6 +454,65 @@ pub enum DeadCmd {
     Drop {
         /// Its id, or a unique prefix of at least 6 characters.
         id: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TopicCmd {
+    /// Create a topic (or set the retention of one that exists).
+    Create {
+        /// Its name (letters, digits, `.`, `_`, `-`).
+        name: String,
+        /// Keep at most this many posts readable (1 to 100000) [default: 1000].
+        #[arg(long)]
+        keep: Option<i64>,
+        /// Keep a post readable this many minutes (1 to 525600) [default: 10080, a week].
+        #[arg(long)]
+        keep_minutes: Option<i64>,
+    },
+    /// The topics, with their subscribers and what they keep.
+    List,
+    /// Subscribe an agent: it is told of every later post, and reads on from here.
+    Subscribe {
+        /// The topic.
+        name: String,
+        /// The subscribing agent.
+        agent: String,
+        /// Start at the oldest retained post instead of the newest.
+        #[arg(long)]
+        history: bool,
+    },
+    /// Unsubscribe an agent.
+    Unsubscribe {
+        /// The topic.
+        name: String,
+        /// The agent that leaves it.
+        agent: String,
+    },
+    /// Publish a post: each current subscriber gets one inbox notification (never a turn).
+    Publish {
+        /// The topic.
+        name: String,
+        /// The publishing agent.
+        from: String,
+        /// The post, or - to read it from stdin.
+        message: String,
+        /// Idempotency key: publishing again with the same key returns the first post.
+        #[arg(long)]
+        key: Option<String>,
+    },
+    /// Read the posts after an agent's cursor (moving it on), or replay from a position.
+    Read {
+        /// The topic.
+        name: String,
+        /// The reading agent (its cursor).
+        agent: String,
+        /// Replay from this position (the cursor only ever moves on).
+        #[arg(long, value_name = "POSITION")]
+        from: Option<i64>,
+        /// At most this many posts (1 to 1000).
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
     },
 }
 

@@ -240,6 +240,7 @@ pub fn run(cli: &Cli) -> Result<(), Failure> {
         Command::Task(cmd) => task(cli, cmd),
         Command::Chain(cmd) => chain_cmd(cli, cmd),
         Command::Dead(cmd) => dead_cmd(cli, cmd),
+        Command::Topic(cmd) => topic_cmd(cli, cmd),
         Command::Demo {
             port,
             host,
@@ -549,6 +550,145 @@ fn dead_cmd(cli: &Cli, cmd: &args::DeadCmd) -> Result<(), Failure> {
         args::DeadCmd::Drop { id } => {
             let d = s.dead_drop(id)?;
             emit(cli, &d, || format!("dead letter {} dropped", d.id));
+        }
+    }
+    Ok(())
+}
+
+fn topic_cmd(cli: &Cli, cmd: &args::TopicCmd) -> Result<(), Failure> {
+    use args::TopicCmd;
+    let mut s = open(cli)?;
+    match cmd {
+        TopicCmd::Create {
+            name,
+            keep,
+            keep_minutes,
+        } => {
+            let c = s.topic_create(name, *keep, *keep_minutes, None)?;
+            emit(cli, &c, || {
+                format!(
+                    "topic {} {} (keeps {} posts, {} minutes)",
+                    c.topic.name,
+                    if c.created { "created" } else { "exists" },
+                    c.topic.keep_count,
+                    c.topic.keep_minutes
+                )
+            });
+        }
+        TopicCmd::List => {
+            let list = s.topic_list()?;
+            emit(cli, &list, || {
+                if list.is_empty() {
+                    return "no topics".to_owned();
+                }
+                list.iter()
+                    .map(|t| {
+                        format!(
+                            "{}  #{} ({} kept)  subscribers: {}",
+                            t.name,
+                            t.last_position,
+                            t.retained,
+                            if t.subscribers.is_empty() {
+                                "none".to_owned()
+                            } else {
+                                t.subscribers.join(", ")
+                            }
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            });
+        }
+        TopicCmd::Subscribe {
+            name,
+            agent,
+            history,
+        } => {
+            let r = s.topic_subscribe(name, agent, *history)?;
+            emit(cli, &r, || {
+                format!(
+                    "{} {} {} (read from #{})",
+                    r.agent,
+                    if r.new {
+                        "subscribed to"
+                    } else {
+                        "already subscribes to"
+                    },
+                    r.topic,
+                    r.cursor + 1
+                )
+            });
+        }
+        TopicCmd::Unsubscribe { name, agent } => {
+            let r = s.topic_unsubscribe(name, agent)?;
+            emit(cli, &r, || {
+                if r.removed {
+                    format!("{} unsubscribed from {}", r.agent, r.topic)
+                } else {
+                    format!("{} did not subscribe to {}", r.agent, r.topic)
+                }
+            });
+        }
+        TopicCmd::Publish {
+            name,
+            from,
+            message,
+            key,
+        } => {
+            let body = if message == "-" {
+                let mut buf = String::new();
+                std::io::stdin()
+                    .take(4 * 1024 * 1024)
+                    .read_to_string(&mut buf)
+                    .map_err(|e| usage(format!("cannot read the message from stdin: {e}")))?;
+                buf
+            } else {
+                message.clone()
+            };
+            s.set_policy(policy_from_env()?);
+            let p = s.topic_publish(name, from, &body, key.as_deref())?;
+            emit(cli, &p, || {
+                format!(
+                    "{} #{} {}; told {}",
+                    p.topic,
+                    p.position,
+                    if p.repeated {
+                        "published before (same key)"
+                    } else {
+                        "published"
+                    },
+                    if p.notified.is_empty() {
+                        "nobody".to_owned()
+                    } else {
+                        p.notified.join(", ")
+                    }
+                )
+            });
+        }
+        TopicCmd::Read {
+            name,
+            agent,
+            from,
+            limit,
+        } => {
+            let r = s.topic_read(name, agent, *from, *limit)?;
+            emit(cli, &r, || {
+                let mut out: Vec<String> = r
+                    .posts
+                    .iter()
+                    .map(|p| format!("#{} {}: {}", p.position, p.publisher, p.body))
+                    .collect();
+                if r.skipped > 0 {
+                    out.insert(0, format!("({} older posts are no longer kept)", r.skipped));
+                }
+                if r.posts.is_empty() {
+                    out.push(format!("nothing new on {}", r.topic));
+                }
+                if r.more {
+                    out.push("(more follow: read again)".to_owned());
+                }
+                out.join("\n")
+            });
         }
     }
     Ok(())

@@ -59,6 +59,45 @@ struct CancelChainArgs {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+struct PublishArgs {
+    /// The topic's name.
+    topic: String,
+    /// The post (at most 200,000 characters).
+    message: String,
+    /// Idempotency key: publishing again with the same key returns the first post.
+    key: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct SubscribeArgs {
+    /// The topic's name.
+    topic: String,
+    /// Start at the oldest retained post instead of the newest (default false).
+    history: Option<bool>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct TopicArgs {
+    /// The topic's name.
+    topic: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct ReadTopicArgs {
+    /// The topic's name.
+    topic: String,
+    /// Replay from this position instead of reading on from your cursor (the cursor only
+    /// ever moves on).
+    from: Option<i64>,
+    /// At most this many posts (1–1,000, default 50).
+    limit: Option<i64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 struct InboxArgs {
     /// Only unread messages (default true).
     unread_only: Option<bool>,
@@ -357,10 +396,114 @@ pub(super) fn table() -> &'static [ToolDef] {
     TABLE.get_or_init(|| {
         let mut all = message_tools();
         all.extend(chain_tools());
+        all.extend(topic_tools());
         all.extend(task_tools());
         all.extend(context_tools());
         all
     })
+}
+
+/// Broadcast topics (SPEC §8.2): you publish, subscribe and read as yourself.
+fn topic_tools() -> Vec<ToolDef> {
+    use Kind::{Idempotent, Read, Write};
+    vec![
+        entry::<NoArgs>(
+            "list_topics",
+            "List topics",
+            Read,
+            "The topics, with their subscribers and how many posts each keeps.",
+            object(&[("topics", array(of_type("object")))], &["topics"]),
+            |s, _, _| Ok(json!({ "topics": s.service().topic_list()? })),
+        ),
+        entry::<SubscribeArgs>(
+            "subscribe",
+            "Subscribe to a topic",
+            Idempotent,
+            "Subscribe to a topic: each later post reaches your inbox once, as a notification \
+             (never a turn). Read on with read_topic; history=true starts at the oldest post kept.",
+            object(
+                &[
+                    ("topic", string()),
+                    ("agent", string()),
+                    ("cursor", of_type("integer")),
+                    ("new", of_type("boolean")),
+                ],
+                &["topic", "agent", "cursor", "new"],
+            ),
+            |s, me, a| {
+                let r = s
+                    .service()
+                    .topic_subscribe(&a.topic, me, a.history.unwrap_or(false))?;
+                Ok(serde_json::to_value(r).unwrap_or_default())
+            },
+        ),
+        entry::<TopicArgs>(
+            "unsubscribe",
+            "Unsubscribe from a topic",
+            Idempotent,
+            "Stop being told of a topic's posts.",
+            object(
+                &[
+                    ("topic", string()),
+                    ("agent", string()),
+                    ("removed", of_type("boolean")),
+                ],
+                &["topic", "agent", "removed"],
+            ),
+            |s, me, a| {
+                let r = s.service().topic_unsubscribe(&a.topic, me)?;
+                Ok(serde_json::to_value(r).unwrap_or_default())
+            },
+        ),
+        entry::<PublishArgs>(
+            "publish",
+            "Publish on a topic",
+            Write,
+            "Publish a post on a topic, as yourself: every current subscriber gets it in their \
+             inbox exactly once, as a notification (it wakes nobody and transfers no work).",
+            object(
+                &[
+                    ("topic", string()),
+                    ("position", of_type("integer")),
+                    ("publisher", string()),
+                    ("notified", array(string())),
+                    ("messages", array(string())),
+                    ("repeated", of_type("boolean")),
+                ],
+                &["topic", "position", "publisher", "notified", "repeated"],
+            ),
+            |s, me, a| {
+                let p = s
+                    .service()
+                    .topic_publish(&a.topic, me, &a.message, a.key.as_deref())?;
+                Ok(serde_json::to_value(p).unwrap_or_default())
+            },
+        ),
+        entry::<ReadTopicArgs>(
+            "read_topic",
+            "Read a topic",
+            Write,
+            "The posts after your cursor (which moves on to the last one returned), or a replay \
+             `from` a position. `skipped` counts positions no longer kept; `more` says more follow.",
+            object(
+                &[
+                    ("topic", string()),
+                    ("agent", string()),
+                    ("posts", array(of_type("object"))),
+                    ("cursor", of_type("integer")),
+                    ("skipped", of_type("integer")),
+                    ("more", of_type("boolean")),
+                ],
+                &["topic", "posts", "cursor", "skipped", "more"],
+            ),
+            |s, me, a| {
+                let r = s
+                    .service()
+                    .topic_read(&a.topic, me, a.from, a.limit.unwrap_or(50))?;
+                Ok(serde_json::to_value(r).unwrap_or_default())
+            },
+        ),
+    ]
 }
 
 /// Handoffs, work contracts and delivery status.

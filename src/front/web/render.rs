@@ -166,6 +166,11 @@ pub(super) fn status_json(b: &Board, public: bool) -> Value {
             "stopped_reason": if public { None } else { c.stopped_reason.as_deref() },
             "created_at": c.created_at, "updated_at": c.updated_at,
         })).collect::<Vec<_>>(),
+        "topics": b.topics.iter().map(|t| json!({
+            "name": t.name, "last_position": t.last_position, "retained": t.retained,
+            "subscribers": t.subscribers, "keep_count": t.keep_count,
+            "keep_minutes": t.keep_minutes,
+        })).collect::<Vec<_>>(),
         "dead_letters": {
             "counts": b.dead_counts.iter().map(|(r, n)| (r.clone(), json!(n))).collect::<serde_json::Map<_, _>>(),
             "newest": b.dead_letters.iter().map(|d| json!({
@@ -207,6 +212,11 @@ pub(super) fn metrics_text(b: &Board) -> String {
          # HELP handoffs_delivery_resends_total Bounded resends (after an error or an interrupted turn).\n\
          # TYPE handoffs_delivery_resends_total counter\nhandoffs_delivery_resends_total {}\n",
         b.totals.attempts, b.totals.resends
+    ));
+    m.push_str(&format!(
+        "# HELP handoffs_topic_publishes_total Posts published on topics, over all topics.\n\
+         # TYPE handoffs_topic_publishes_total counter\nhandoffs_topic_publishes_total {}\n",
+        b.publishes
     ));
     m.push_str(&format!(
         "# HELP handoffs_open_work Work not yet closed.\n# TYPE handoffs_open_work gauge\nhandoffs_open_work {}\n",
