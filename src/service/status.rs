@@ -365,7 +365,7 @@ impl Service {
             let (stopped, stopped_total) = tx.stopped_chains(20)?;
             let dead_counts = tx.dead_letter_counts()?;
             let dead_letters = tx.dead_letters(false, 20)?;
-            let topics = super::topics::views(tx)?;
+            let topics = super::topics::views(tx, now)?;
             let publishes = tx.publish_count()?;
             let chains = chains_in_flight(tx, &overview, &stopped)?;
             let open_work = tx.newest_open_work(None, 100)?;

@@ -123,13 +123,19 @@ fn registered(tx: &Tx<'_>, agent: &str) -> Result<()> {
     Ok(())
 }
 
-/// Every topic as `topic list` and the page show it.
-pub(super) fn views(tx: &Tx<'_>) -> Result<Vec<TopicView>> {
-    tx.topics()?.into_iter().map(|t| view(tx, t)).collect()
+/// Every topic as `topic list` and the page show it at `now`.
+pub(super) fn views(tx: &Tx<'_>, now: i64) -> Result<Vec<TopicView>> {
+    tx.topics()?.into_iter().map(|t| view(tx, t, now)).collect()
 }
 
-fn view(tx: &Tx<'_>, t: TopicRow) -> Result<TopicView> {
-    let (oldest_position, retained) = tx.retained_posts(&t.name)?;
+/// The first moment a post of a topic that keeps posts `keep_minutes` is still kept at `now`.
+fn kept_since(keep_minutes: i64, now: i64) -> i64 {
+    now.saturating_sub(keep_minutes.saturating_mul(60_000))
+}
+
+fn view(tx: &Tx<'_>, t: TopicRow, now: i64) -> Result<TopicView> {
+    let (oldest_position, retained) =
+        tx.retained_posts(&t.name, kept_since(t.keep_minutes, now))?;
     Ok(TopicView {
         subscribers: tx.subscribers(&t.name)?,
         name: t.name,
@@ -171,7 +177,7 @@ impl Service {
                     let count = keep_count.unwrap_or(t.keep_count);
                     let minutes = keep_minutes.unwrap_or(t.keep_minutes);
                     tx.set_topic_retention(name, count, minutes)?;
-                    tx.trim_posts(name, t.last_position, count, now - minutes * 60_000)?;
+                    tx.trim_posts(name, t.last_position, count, kept_since(minutes, now))?;
                 }
                 return Ok(TopicCreated {
                     topic: topic_of(tx, name)?,
@@ -196,7 +202,8 @@ impl Service {
     }
 
     pub fn topic_list(&mut self) -> Result<Vec<TopicView>> {
-        self.store.read(views)
+        let now = millis(self.now());
+        self.store.read(|tx| views(tx, now))
     }
 
     /// Subscribes `agent` to `name`: it reads what is published from now on, or, with
@@ -222,7 +229,7 @@ impl Service {
                 });
             }
             let cursor = if history {
-                tx.retained_posts(name)?
+                tx.retained_posts(name, kept_since(t.keep_minutes, now))?
                     .0
                     .map_or(t.last_position, |p| p - 1)
             } else {
@@ -331,7 +338,12 @@ impl Service {
                 notified.push(agent);
                 messages.push(m.id);
             }
-            tx.trim_posts(name, position, t.keep_count, now - t.keep_minutes * 60_000)?;
+            tx.trim_posts(
+                name,
+                position,
+                t.keep_count,
+                kept_since(t.keep_minutes, now),
+            )?;
             tx.event(
                 now,
                 None,
@@ -369,6 +381,7 @@ impl Service {
         if from.is_some_and(|p| p < 1) {
             return usage("--from must be a position, 1 or more");
         }
+        let now = millis(self.now());
         self.store.write(|tx| {
             let t = topic_of(tx, name)?;
             registered(tx, agent)?;
@@ -382,7 +395,8 @@ impl Service {
                     ));
                 }
             };
-            let mut rows = tx.posts_after(name, after, limit + 1)?;
+            let since = kept_since(t.keep_minutes, now);
+            let mut rows = tx.posts_after(name, after, since, limit + 1)?;
             let more = rows.len() > usize::try_from(limit).unwrap_or(usize::MAX);
             rows.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
             // Positions asked for but dropped by retention: those between where the read
@@ -440,5 +454,55 @@ fn notice(name: &str, position: i64, from: &str, to: &str, body: &str, now: i64)
         idem_key: None,
         created_at: now,
         read_at: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Service;
+    use crate::store::Store;
+    use model::Millis;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// Retention by age holds at every read, not only after the next publish: a post older
+    /// than the topic's age limit is neither read, nor replayed, nor counted as kept.
+    #[test]
+    fn a_post_past_its_age_limit_is_no_longer_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("h.sqlite3");
+        drop(Store::init(&db).unwrap());
+        let clock = Arc::new(AtomicU64::new(1_800_000_000_000));
+        let c = clock.clone();
+        let mut s = Service::with_clock(
+            Store::open(&db).unwrap(),
+            Arc::new(move || Millis(c.load(Ordering::SeqCst))),
+        );
+        for a in ["pub", "sub"] {
+            s.add_agent(a, Some("demo"), None, None, None, &[]).unwrap();
+        }
+        s.topic_create("t", None, Some(10), None).unwrap();
+        s.topic_subscribe("t", "sub", false).unwrap();
+        s.topic_publish("t", "pub", "old news", None).unwrap();
+        clock.fetch_add(9 * 60_000, Ordering::SeqCst);
+        s.topic_publish("t", "pub", "fresh news", None).unwrap();
+        clock.fetch_add(2 * 60_000, Ordering::SeqCst);
+        // 11 minutes after the first post, 2 after the second: only the second is kept.
+        let r = s.topic_read("t", "sub", None, 50).unwrap();
+        let read: Vec<(i64, &str)> = r
+            .posts
+            .iter()
+            .map(|p| (p.position, p.body.as_str()))
+            .collect();
+        assert_eq!(read, [(2, "fresh news")]);
+        assert_eq!((r.skipped, r.cursor), (1, 2));
+        let replay = s.topic_read("t", "pub", Some(1), 50).unwrap();
+        assert_eq!(replay.posts.len(), 1);
+        assert_eq!(replay.skipped, 1);
+        let listed = s.topic_list().unwrap();
+        assert_eq!(
+            (listed[0].retained, listed[0].oldest_position),
+            (1, Some(2))
+        );
     }
 }

@@ -186,26 +186,34 @@ impl Tx<'_> {
             .optional()?)
     }
 
-    /// Up to `limit` retained posts after position `after`, oldest first.
-    pub fn posts_after(&self, topic: &str, after: i64, limit: i64) -> Result<Vec<PostRow>> {
+    /// Up to `limit` retained posts after position `after`, oldest first; none published
+    /// before `since` (past the topic's age limit, whether or not a publish dropped it yet).
+    pub fn posts_after(
+        &self,
+        topic: &str,
+        after: i64,
+        since: i64,
+        limit: i64,
+    ) -> Result<Vec<PostRow>> {
         let mut st = self.tx.prepare_cached(&format!(
             "SELECT {POST_COLS} FROM topic_posts
-             WHERE topic = ?1 AND position > ?2 AND body IS NOT NULL
-             ORDER BY position LIMIT ?3"
+             WHERE topic = ?1 AND position > ?2 AND body IS NOT NULL AND created_at >= ?3
+             ORDER BY position LIMIT ?4"
         ))?;
-        let rows = st.query_map(params![topic, after, limit], post_from)?;
+        let rows = st.query_map(params![topic, after, since, limit], post_from)?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
-    /// The oldest position still readable, and how many posts are.
-    pub fn retained_posts(&self, topic: &str) -> Result<(Option<i64>, i64)> {
+    /// The oldest position still readable (published at `since` or later), and how many
+    /// posts are.
+    pub fn retained_posts(&self, topic: &str, since: i64) -> Result<(Option<i64>, i64)> {
         Ok(self
             .tx
             .prepare_cached(
                 "SELECT min(position), count(*) FROM topic_posts
-                 WHERE topic = ?1 AND body IS NOT NULL",
+                 WHERE topic = ?1 AND body IS NOT NULL AND created_at >= ?2",
             )?
-            .query_row([topic], |r| Ok((r.get(0)?, r.get(1)?)))?)
+            .query_row(params![topic, since], |r| Ok((r.get(0)?, r.get(1)?)))?)
     }
 
     /// Drops the text of posts past the topic's retention (older than `before`, or more than
