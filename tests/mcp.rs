@@ -980,6 +980,40 @@ async fn every_result_matches_its_tools_output_schema() {
     assert_eq!((&read["cursor"], &read["skipped"]), (&json!(1), &json!(0)));
     let again = ok(&call(&alice, "read_topic", json!({"topic": "news"})).await);
     assert_eq!(again["posts"], json!([]), "{again}");
+    // A long return summary: the card carries the cap and a marker; the whole text is an
+    // artifact the card's two agents fetch.
+    let long = "all tests pass; ".repeat(200);
+    let work = ok(&call(
+        &alice,
+        "send_handoff",
+        json!({"to": "bob", "message": "audit it", "title": "audit"}),
+    )
+    .await);
+    let returned = ok(&call(
+        &bob,
+        "return_work",
+        json!({"id": work["id"], "summary": long}),
+    )
+    .await);
+    let card = ok(&call(
+        &alice,
+        "read_message",
+        json!({"id": returned["return_message_id"]}),
+    )
+    .await);
+    let body = card["body"].as_str().expect("a body");
+    assert!(body.len() < 2_048 + 200, "{} bytes: {body}", body.len());
+    let artifact = body
+        .split("handoffs artifact get ")
+        .nth(1)
+        .and_then(|r| r.split('`').next())
+        .unwrap_or_else(|| panic!("no artifact named in {body}"));
+    let fetched = check(
+        "get_artifact",
+        &call(&alice, "get_artifact", json!({"id": artifact})).await,
+    );
+    assert_eq!(fetched["body"], long.as_str(), "{fetched}");
+    ok(&call(&bob, "get_artifact", json!({"id": artifact})).await);
     let gone = check(
         "unsubscribe",
         &call(&alice, "unsubscribe", json!({"topic": "news"})).await,

@@ -2,13 +2,14 @@
 
 use super::{Millis, Result, Service, ServiceError, Value, json, millis, usage};
 
-const CONFIG_KEYS: [&str; 6] = [
+const CONFIG_KEYS: [&str; 7] = [
     "enabled",
     "enabledAfter",
     "connections",
     "outageGuard",
     "chainHopBudget",
     "chainDepthLimit",
+    "summaryCap",
 ];
 
 /// A new chain's hop budget and depth limit unless configured (SPEC §8.2).
@@ -33,6 +34,7 @@ fn config_default(key: &str) -> Value {
         "connections" => json!("open"),
         "chainHopBudget" => json!(HOP_BUDGET_DEFAULT),
         "chainDepthLimit" => json!(DEPTH_LIMIT_DEFAULT),
+        "summaryCap" => json!(super::artifacts::SUMMARY_CAP_DEFAULT),
         _ => Value::Null,
     }
 }
@@ -80,6 +82,19 @@ fn parse_config_value(key: &str, raw: &str, now: Millis) -> Result<Value> {
                 .filter(|n| (0..=max).contains(n))
                 .map(|n| json!(n))
                 .ok_or_else(|| ServiceError::Usage(format!("{key} takes a number from 0 to {max}")))
+        }
+        "summaryCap" => {
+            use super::artifacts::{SUMMARY_CAP_MAX, SUMMARY_CAP_MIN};
+            raw.trim()
+                .parse::<i64>()
+                .ok()
+                .filter(|n| (SUMMARY_CAP_MIN..=SUMMARY_CAP_MAX).contains(n))
+                .map(|n| json!(n))
+                .ok_or_else(|| {
+                    ServiceError::Usage(format!(
+                        "summaryCap takes a number of bytes from {SUMMARY_CAP_MIN} to {SUMMARY_CAP_MAX}"
+                    ))
+                })
         }
         "outageGuard" => {
             let v: Value = serde_json::from_str(raw)

@@ -4,6 +4,7 @@
 //! the engine's job.
 
 pub mod agents;
+pub mod artifacts;
 pub mod card;
 pub mod chains;
 pub mod changes;

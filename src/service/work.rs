@@ -159,10 +159,8 @@ impl Service {
             w.updated_at = millis(now);
             tx.update_work(&w)?;
             let verb = if blocked { "blocked" } else { "returned" };
-            let mut body = format!("Work {verb}: {}\n\n{summary}", w.title);
-            if let Some(e) = evidence {
-                body.push_str(&format!("\n\nEvidence: {e}"));
-            }
+            let shown = summary_card(tx, (summary, evidence), (actor, &w.sender), now)?;
+            let body = format!("Work {verb}: {}\n\n{shown}", w.title);
             let ret = work_message(
                 &w,
                 Some(&work_msg),
@@ -237,6 +235,21 @@ impl Service {
     }
 }
 
+/// A return's summary and evidence as its card carries them: within the summary cap, the
+/// whole kept as an artifact when cut (SPEC §8.2 bounded summaries).
+fn summary_card(
+    tx: &crate::store::Tx<'_>,
+    (summary, evidence): (&str, Option<&str>),
+    between: (&str, &str),
+    now: Millis,
+) -> Result<String> {
+    let mut full = summary.to_owned();
+    if let Some(e) = evidence {
+        full.push_str(&format!("\n\nEvidence: {e}"));
+    }
+    Ok(super::artifacts::bounded(tx, &full, "return", between, millis(now))?.0)
+}
+
 /// A return of work whose chain was cancelled while its turn ran: the summary is kept on
 /// the closed work, and the sender gets it as a notification (never a turn).
 fn late_return(
@@ -253,13 +266,11 @@ fn late_return(
     w.updated_at = millis(now);
     tx.update_work(&w)?;
     let verb = if blocked { "blocked" } else { "returned" };
-    let mut body = format!(
-        "Work {verb} late (its chain was cancelled while the turn ran): {}\n\n{summary}",
+    let shown = summary_card(tx, (summary, evidence), (actor, &w.sender), now)?;
+    let body = format!(
+        "Work {verb} late (its chain was cancelled while the turn ran): {}\n\n{shown}",
         w.title
     );
-    if let Some(e) = evidence {
-        body.push_str(&format!("\n\nEvidence: {e}"));
-    }
     let ret = work_message(
         &w,
         Some(work_msg),

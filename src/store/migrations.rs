@@ -3,10 +3,10 @@
 //! does not yet build against rusqlite 0.43, and this is twenty lines.
 
 /// The schema version this build writes.
-pub const LATEST: i64 = 10;
+pub const LATEST: i64 = 11;
 
 /// `STEPS[i]` migrates from version `i` to `i + 1`.
-pub const STEPS: [&str; 10] = [
+pub const STEPS: [&str; 11] = [
     r"
 CREATE TABLE agents (
     id TEXT PRIMARY KEY,
@@ -161,4 +161,7 @@ CREATE INDEX deliveries_recipient_due ON deliveries (recipient, due_at)
     // 9 → 10: topics (SPEC §8.2 broadcast): retention, posts in one order per topic, each
     // subscriber's cursor, and which inbox message told whom of which post.
     super::topics::SCHEMA,
+    // 10 → 11: artifacts (SPEC §8.2 bounded summaries): the full text of a summary a card
+    // carries only in part.
+    super::artifacts::SCHEMA,
 ];

@@ -15,6 +15,7 @@ macro_rules! queued {
 }
 
 mod agents;
+mod artifacts;
 mod chains;
 mod config;
 mod dead;
@@ -28,6 +29,7 @@ mod work;
 
 pub use agents::AgentRow;
 use agents::route_of;
+pub use artifacts::ArtifactRow;
 pub use chains::{ChainRow, ChainState};
 pub use dead::DeadLetterRow;
 pub use deliveries::{DeliveryRow, QUEUE_HEADS};

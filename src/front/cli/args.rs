@@ -49,15 +49,16 @@ pub enum Command {
         to: String,
     },
     /// Show or set configuration: enabled, enabledAfter, connections, outageGuard,
-    /// chainHopBudget, chainDepthLimit.
+    /// chainHopBudget, chainDepthLimit, summaryCap.
     Config {
-        /// enabled, enabledAfter, connections, outageGuard, chainHopBudget or
-        /// chainDepthLimit; none: show them all.
+        /// enabled, enabledAfter, connections, outageGuard, chainHopBudget,
+        /// chainDepthLimit or summaryCap; none: show them all.
         key: Option<String>,
         /// The new value: true/false; a time or `now`; open/explicit; null,
         /// {"preset": NAME} (openai, openai-codex, codex, anthropic, anthropic-claude-code,
         /// claude-code, github) or {"url": …, "components": […]}; a new chain's hop budget
-        /// (0 to 100000, default 16) or depth limit (0 to 1000, default 8). None: show the key.
+        /// (0 to 100000, default 16) or depth limit (0 to 1000, default 8); how many bytes of a
+        /// summary a card carries (256 to 65536, default 2048). None: show the key.
         value: Option<String>,
     },
     /// Send a handoff (with --title: work) from one agent to another.
@@ -191,6 +192,9 @@ pub enum Command {
     /// each subscriber reads on from its own cursor, or replays from a retained position.
     #[command(subcommand)]
     Topic(TopicCmd),
+    /// Artifacts: the whole text of a summary its card carries only in part.
+    #[command(subcommand)]
+    Artifact(ArtifactCmd),
     /// Four simulated agents handing work around on a live page; temporary data, deleted on
     /// Ctrl+C.
     Demo {
@@ -453,6 +457,15 @@ pub enum DeadCmd {
     /// Drop it: nobody will send it.
     Drop {
         /// Its id, or a unique prefix of at least 6 characters.
+        id: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ArtifactCmd {
+    /// Print an artifact's whole text.
+    Get {
+        /// Its id, as the card's marker names it.
         id: String,
     },
 }

@@ -241,6 +241,11 @@ pub fn run(cli: &Cli) -> Result<(), Failure> {
         Command::Chain(cmd) => chain_cmd(cli, cmd),
         Command::Dead(cmd) => dead_cmd(cli, cmd),
         Command::Topic(cmd) => topic_cmd(cli, cmd),
+        Command::Artifact(args::ArtifactCmd::Get { id }) => {
+            let a = open(cli)?.artifact_get(id, None)?;
+            emit(cli, &a, || a.body.clone());
+            Ok(())
+        }
         Command::Demo {
             port,
             host,

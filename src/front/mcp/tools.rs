@@ -59,6 +59,13 @@ struct CancelChainArgs {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+struct ArtifactArgs {
+    /// The artifact's id, as the message's marker names it.
+    id: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 struct PublishArgs {
     /// The topic's name.
     topic: String,
@@ -403,10 +410,33 @@ pub(super) fn table() -> &'static [ToolDef] {
     })
 }
 
-/// Broadcast topics (SPEC §8.2): you publish, subscribe and read as yourself.
+/// Broadcast topics (SPEC §8.2): you publish, subscribe and read as yourself; and the whole
+/// text of a summary a card carries in part.
 fn topic_tools() -> Vec<ToolDef> {
     use Kind::{Idempotent, Read, Write};
     vec![
+        entry::<ArtifactArgs>(
+            "get_artifact",
+            "Get an artifact",
+            Read,
+            "The whole text of a summary a message carries only in part (its marker names the \
+             id); only the message's sender and recipient may fetch it.",
+            object(
+                &[
+                    ("id", string()),
+                    ("kind", string()),
+                    ("sender", string()),
+                    ("recipient", string()),
+                    ("body", string()),
+                    ("created_at", of_type("integer")),
+                ],
+                &["id", "kind", "body"],
+            ),
+            |s, me, a| {
+                let art = s.service().artifact_get(&a.id, Some(me))?;
+                Ok(serde_json::to_value(art).unwrap_or_default())
+            },
+        ),
         entry::<NoArgs>(
             "list_topics",
             "List topics",
