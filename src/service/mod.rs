@@ -18,11 +18,12 @@ pub mod session;
 pub mod status;
 pub mod tasks;
 pub mod topics;
+pub mod trace;
 pub mod work;
 
 pub use crate::store::{
     AgentRow, ChainRow, DeadLetterRow, DeliveryRow, EventRow, IdTable, MessageRow, StoreError,
-    WorkRow, token_path,
+    TraceRow, WorkRow, token_path,
 };
 pub use agents::AgentAdded;
 pub use chains::{ChainView, Lineage};

@@ -48,3 +48,61 @@ impl Tx<'_> {
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 }
+
+/// One line of the global trace: an event with the message it is about.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct TraceRow {
+    pub seq: i64,
+    pub at: i64,
+    pub kind: String,
+    pub detail: String,
+    pub message_id: Option<String>,
+    pub chain_id: Option<String>,
+    pub parent_id: Option<String>,
+    pub sender: Option<String>,
+    pub recipient: Option<String>,
+    pub title: Option<String>,
+    /// `handoff` or `notification`, with the message.
+    pub intent: Option<String>,
+    /// The message's first 80 characters.
+    pub preview: Option<String>,
+}
+
+impl Tx<'_> {
+    /// Events in their one global order (their sequence) from `after_seq` on, published at
+    /// `since` or later, of chain `chain` only when given; at most `limit`.
+    pub fn trace(
+        &self,
+        chain: Option<&str>,
+        since: i64,
+        after_seq: i64,
+        limit: i64,
+    ) -> Result<Vec<TraceRow>> {
+        let mut st = self.tx.prepare_cached(
+            "SELECT e.seq, e.at, e.kind, e.detail, e.message_id,
+                    coalesce(m.chain_id, m.id), m.parent_id, m.sender, m.recipient, m.title,
+                    m.intent, substr(m.body, 1, 80)
+             FROM events e LEFT JOIN messages m ON m.id = e.message_id
+             WHERE e.seq > ?1 AND e.at >= ?2
+               AND (?3 IS NULL OR coalesce(m.chain_id, m.id) = ?3)
+             ORDER BY e.seq LIMIT ?4",
+        )?;
+        let rows = st.query_map(params![after_seq, since, chain, limit], |r| {
+            Ok(TraceRow {
+                seq: r.get(0)?,
+                at: r.get(1)?,
+                kind: r.get(2)?,
+                detail: r.get(3)?,
+                message_id: r.get(4)?,
+                chain_id: r.get(5)?,
+                parent_id: r.get(6)?,
+                sender: r.get(7)?,
+                recipient: r.get(8)?,
+                title: r.get(9)?,
+                intent: r.get(10)?,
+                preview: r.get(11)?,
+            })
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+}

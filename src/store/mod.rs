@@ -33,7 +33,7 @@ pub use artifacts::ArtifactRow;
 pub use chains::{ChainRow, ChainState};
 pub use dead::DeadLetterRow;
 pub use deliveries::{DeliveryRow, QUEUE_HEADS};
-pub use events::EventRow;
+pub use events::{EventRow, TraceRow};
 pub use messages::MessageRow;
 pub use runs::{ChannelRow, PushRow, RunRow};
 pub use topics::{PostRow, SubscriberRow, TopicRow};

@@ -195,6 +195,22 @@ pub enum Command {
     /// Artifacts: the whole text of a summary its card carries only in part.
     #[command(subcommand)]
     Artifact(ArtifactCmd),
+    /// The global trace: every send, state change, write, return, close, publish and spend,
+    /// in one order.
+    Trace {
+        /// Only this chain (its id, or the id or a unique prefix of any of its messages).
+        #[arg(long, value_name = "ID")]
+        chain: Option<String>,
+        /// Only events at or after this time (RFC 3339, or milliseconds since the epoch).
+        #[arg(long, value_name = "TIME")]
+        since: Option<String>,
+        /// jsonl: one JSON object per event; mermaid: a sequence diagram.
+        #[arg(long, value_enum, default_value_t = TraceFormat::Jsonl)]
+        format: TraceFormat,
+        /// At most this many events (1 to 100000).
+        #[arg(long, default_value_t = 10_000)]
+        limit: i64,
+    },
     /// Four simulated agents handing work around on a live page; temporary data, deleted on
     /// Ctrl+C.
     Demo {
@@ -459,6 +475,12 @@ pub enum DeadCmd {
         /// Its id, or a unique prefix of at least 6 characters.
         id: String,
     },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum TraceFormat {
+    Jsonl,
+    Mermaid,
 }
 
 #[derive(Debug, Subcommand)]

@@ -241,6 +241,21 @@ pub fn run(cli: &Cli) -> Result<(), Failure> {
         Command::Chain(cmd) => chain_cmd(cli, cmd),
         Command::Dead(cmd) => dead_cmd(cli, cmd),
         Command::Topic(cmd) => topic_cmd(cli, cmd),
+        Command::Trace {
+            chain,
+            since,
+            format,
+            limit,
+        } => {
+            let since = since.as_deref().map(parse_time).transpose()?;
+            let rows = open(cli)?.trace(chain.as_deref(), since, *limit)?;
+            let text = match format {
+                args::TraceFormat::Jsonl => crate::service::trace::jsonl(&rows),
+                args::TraceFormat::Mermaid => crate::service::trace::mermaid(&rows),
+            };
+            print!("{text}");
+            Ok(())
+        }
         Command::Artifact(args::ArtifactCmd::Get { id }) => {
             let a = open(cli)?.artifact_get(id, None)?;
             emit(cli, &a, || a.body.clone());
@@ -558,6 +573,24 @@ fn dead_cmd(cli: &Cli, cmd: &args::DeadCmd) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+/// A time given as RFC 3339 or as milliseconds since the epoch.
+fn parse_time(raw: &str) -> Result<i64, Failure> {
+    if let Ok(ms) = raw.parse::<i64>()
+        && ms >= 0
+    {
+        return Ok(ms);
+    }
+    humantime::parse_rfc3339_weak(raw)
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .and_then(|d| i64::try_from(d.as_millis()).ok())
+        .ok_or_else(|| {
+            usage(format!(
+                "--since takes a time like 2026-12-01T12:00:00Z or milliseconds since the epoch, not {raw:?}"
+            ))
+        })
 }
 
 fn topic_cmd(cli: &Cli, cmd: &args::TopicCmd) -> Result<(), Failure> {
