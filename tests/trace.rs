@@ -130,3 +130,55 @@ fn json_lines_in_one_order_filtered_by_chain_and_time() {
         assert!(!err.contains("panicked"), "{err}");
     }
 }
+
+/// OTLP/JSON: it parses back into the official types; one trace (the chain's id) holds one
+/// span per message, each child's parent span the span of the message it continues.
+#[test]
+fn otel_json_parses_with_its_parent_links_intact() {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    let w = World::new();
+    let root = three_agent_chain(&w);
+    let text = w.ok(&["trace", "--chain", &root, "--format", "otel"]);
+    let raw: Value = serde_json::from_str(&text).expect("JSON");
+    let span0 = &raw["resourceSpans"][0]["scopeSpans"][0]["spans"][0];
+    assert_eq!(span0["traceId"], root.as_str(), "{span0:#}");
+    assert!(
+        span0["startTimeUnixNano"].is_string(),
+        "OTLP/JSON writes 64-bit integers as strings"
+    );
+    let req: ExportTraceServiceRequest = serde_json::from_str(&text).expect("OTLP/JSON");
+    let spans = &req.resource_spans[0].scope_spans[0].spans;
+    assert_eq!(
+        spans.len(),
+        4,
+        "four messages: the work, the child work and two returns"
+    );
+    let by_message: std::collections::HashMap<
+        String,
+        &opentelemetry_proto::tonic::trace::v1::Span,
+    > = spans.iter().map(|s| (hex::encode(&s.span_id), s)).collect();
+    assert!(
+        spans.iter().all(|s| hex::encode(&s.trace_id) == root),
+        "one trace: the chain"
+    );
+    // Each message's parent, from the JSON lines, is its span's parent.
+    let mut linked = 0;
+    for line in w.ok(&["trace", "--chain", &root]).lines() {
+        let e: Value = serde_json::from_str(line).unwrap();
+        let (Some(m), Some(p)) = (e["message_id"].as_str(), e["parent_id"].as_str()) else {
+            continue;
+        };
+        let span = by_message[&m[..16]];
+        assert_eq!(hex::encode(&span.parent_span_id), p[..16], "{m}'s parent");
+        assert!(
+            by_message.contains_key(&p[..16]),
+            "its parent is a span of the trace"
+        );
+        linked += 1;
+    }
+    assert!(linked >= 3, "{linked} events carried a parent");
+    let root_span = by_message[&root[..16]];
+    assert!(root_span.parent_span_id.is_empty());
+    assert!(root_span.end_time_unix_nano >= root_span.start_time_unix_nano);
+    assert!(!root_span.events.is_empty());
+}

@@ -128,3 +128,105 @@ pub fn mermaid(rows: &[TraceRow]) -> String {
 fn short(id: Option<&str>) -> String {
     id.map_or_else(String::new, |i| i.chars().take(8).collect())
 }
+
+/// The trace as OTLP/JSON (an `ExportTraceServiceRequest`, the official protobuf types and
+/// their JSON encoding): one trace per chain (its id, 16 bytes), one span per message (the
+/// first 8 bytes of its id) from its first event to its last, whose parent is the span of
+/// the message whose turn sent it, and each event a span event. Events about no message
+/// (configuration, registrations) are not spans.
+pub fn otel(
+    rows: &[TraceRow],
+) -> opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::common::v1::InstrumentationScope;
+    use opentelemetry_proto::tonic::resource::v1::Resource;
+    use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, span};
+    let mut spans: Vec<Span> = Vec::new();
+    let mut index: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for r in rows {
+        let (Some(m), Some(chain)) = (r.message_id.as_deref(), r.chain_id.as_deref()) else {
+            continue;
+        };
+        let ns = u64::try_from(r.at).unwrap_or(0).saturating_mul(1_000_000);
+        let i = *index.entry(m).or_insert_with(|| {
+            let mut attributes = vec![kv("handoffs.message_id", m)];
+            for (k, v) in [
+                ("handoffs.sender", &r.sender),
+                ("handoffs.recipient", &r.recipient),
+                ("handoffs.intent", &r.intent),
+            ] {
+                if let Some(v) = v {
+                    attributes.push(kv(k, v));
+                }
+            }
+            spans.push(Span {
+                trace_id: id_bytes(chain, 16),
+                span_id: id_bytes(m, 8),
+                parent_span_id: r
+                    .parent_id
+                    .as_deref()
+                    .map(|p| id_bytes(p, 8))
+                    .unwrap_or_default(),
+                name: r
+                    .title
+                    .clone()
+                    .or_else(|| r.preview.as_deref().map(label))
+                    .unwrap_or_else(|| "handoff".to_owned()),
+                kind: span::SpanKind::Internal as i32,
+                start_time_unix_nano: ns,
+                end_time_unix_nano: ns,
+                attributes,
+                ..Span::default()
+            });
+            spans.len() - 1
+        });
+        let s = &mut spans[i];
+        s.end_time_unix_nano = s.end_time_unix_nano.max(ns);
+        s.events.push(span::Event {
+            time_unix_nano: ns,
+            name: r.kind.clone(),
+            attributes: vec![kv("detail", &r.detail), kv("seq", &r.seq.to_string())],
+            dropped_attributes_count: 0,
+        });
+    }
+    ExportTraceServiceRequest {
+        resource_spans: vec![ResourceSpans {
+            resource: Some(Resource {
+                attributes: vec![kv("service.name", "handoffs")],
+                ..Resource::default()
+            }),
+            scope_spans: vec![ScopeSpans {
+                scope: Some(InstrumentationScope {
+                    name: "handoffs".to_owned(),
+                    version: env!("CARGO_PKG_VERSION").to_owned(),
+                    ..InstrumentationScope::default()
+                }),
+                spans,
+                schema_url: String::new(),
+            }],
+            schema_url: String::new(),
+        }],
+    }
+}
+
+fn kv(key: &str, value: &str) -> opentelemetry_proto::tonic::common::v1::KeyValue {
+    use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
+    KeyValue {
+        key: key.to_owned(),
+        value: Some(AnyValue {
+            value: Some(any_value::Value::StringValue(value.to_owned())),
+        }),
+        ..KeyValue::default()
+    }
+}
+
+/// `n` bytes of an id: its leading hexadecimal digits (ids are 32 of them), or, for an id
+/// that is not hex, the first bytes of its SHA-256.
+fn id_bytes(id: &str, n: usize) -> Vec<u8> {
+    if let Some(Ok(b)) = id.get(..2 * n).map(hex::decode) {
+        b
+    } else {
+        use sha2::Digest as _;
+        sha2::Sha256::digest(id.as_bytes())[..n].to_vec()
+    }
+}

@@ -204,7 +204,8 @@ pub enum Command {
         /// Only events at or after this time (RFC 3339, or milliseconds since the epoch).
         #[arg(long, value_name = "TIME")]
         since: Option<String>,
-        /// jsonl: one JSON object per event; mermaid: a sequence diagram.
+        /// jsonl: one JSON object per event; otel: OTLP/JSON spans, one trace per chain;
+        /// mermaid: a sequence diagram.
         #[arg(long, value_enum, default_value_t = TraceFormat::Jsonl)]
         format: TraceFormat,
         /// At most this many events (1 to 100000).
@@ -480,6 +481,7 @@ pub enum DeadCmd {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum TraceFormat {
     Jsonl,
+    Otel,
     Mermaid,
 }
 

@@ -252,6 +252,10 @@ pub fn run(cli: &Cli) -> Result<(), Failure> {
             let text = match format {
                 args::TraceFormat::Jsonl => crate::service::trace::jsonl(&rows),
                 args::TraceFormat::Mermaid => crate::service::trace::mermaid(&rows),
+                args::TraceFormat::Otel => {
+                    serde_json::to_string(&crate::service::trace::otel(&rows)).unwrap_or_default()
+                        + "\n"
+                }
             };
             print!("{text}");
             Ok(())
