@@ -728,3 +728,61 @@ async fn topics_show_with_their_subscribers_and_publishes_are_counted() {
     let text = String::from_utf8_lossy(&body);
     assert!(text.contains("handoffs_topic_publishes_total 3"), "{text}");
 }
+
+/// A chain's trace over HTTP, what the page's chains link to: a Mermaid diagram by default,
+/// JSON lines or OTLP/JSON on request; a missing or unknown chain and a bad format are JSON
+/// errors; the public demo has none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chains_trace_is_served_as_a_diagram() {
+    let site = app(false);
+    let w = &site.world;
+    let root =
+        w.json(&["send", "planner", "writer", "draft it", "--title", "draft"])["message"]["id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+    let at = |q: &str| format!("/api/trace?{q}");
+    let (s, body, h) = request(
+        &site,
+        "GET",
+        &at(&format!("chain={root}")),
+        Some("127.0.0.1:8765"),
+        &[],
+        vec![],
+    )
+    .await;
+    let text = String::from_utf8_lossy(&body);
+    assert_eq!(s, StatusCode::OK, "{text}");
+    assert!(
+        h[axum::http::header::CONTENT_TYPE]
+            .to_str()
+            .unwrap()
+            .starts_with("text/plain")
+    );
+    assert!(
+        text.starts_with("sequenceDiagram\n") && text.contains("->>") && text.contains("draft"),
+        "{text}"
+    );
+    let (s, v) = get(&site, &at(&format!("chain={root}&format=otel"))).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(
+        v["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["traceId"],
+        json!(root),
+        "{v}"
+    );
+    for (q, code) in [
+        ("format=mermaid", StatusCode::BAD_REQUEST),
+        (
+            &*format!("chain={root}&format=xml"),
+            StatusCode::BAD_REQUEST,
+        ),
+        ("chain=ffffffffffff", StatusCode::NOT_FOUND),
+    ] {
+        let (s, v) = get(&site, &at(q)).await;
+        assert_eq!(s, code, "{q}: {v}");
+        assert!(is_error(&v), "{q}: {v}");
+    }
+    let public = app(true);
+    let (s, _) = get(&public, &at(&format!("chain={root}"))).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+}

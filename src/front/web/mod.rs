@@ -183,6 +183,7 @@ pub fn router(
         .route("/", get(page))
         .route("/api/status", get(status))
         .route("/api/events", get(events))
+        .route("/api/trace", get(trace))
         .route("/api/stream", get(stream))
         .route("/api/send", post(send))
         .route("/api/spend", post(spend))
@@ -408,6 +409,46 @@ fn query_param(raw: Option<&str>, key: &str) -> Option<String> {
     url::form_urlencoded::parse(raw.unwrap_or("").as_bytes())
         .find(|(k, _)| k == key)
         .map(|(_, v)| v.into_owned())
+}
+
+/// The trace of one chain (`?chain=ID`, required) as `format` = mermaid (default, text),
+/// jsonl or otel (JSON): what the page's chains link to.
+async fn trace(State(s): State<Arc<AppState>>, RawQuery(q): RawQuery) -> Response {
+    if s.options.public_demo {
+        return error(StatusCode::NOT_FOUND, "the public demo shows no trace");
+    }
+    let Some(chain) = query_param(q.as_deref(), "chain") else {
+        return error(StatusCode::BAD_REQUEST, "chain is required: ?chain=ID");
+    };
+    let format = query_param(q.as_deref(), "format").unwrap_or_else(|| "mermaid".to_owned());
+    if !["mermaid", "jsonl", "otel"].contains(&format.as_str()) {
+        return error(StatusCode::BAD_REQUEST, "format is mermaid, jsonl or otel");
+    }
+    let state = s.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        let mut svc = state
+            .service
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        svc.trace(Some(&chain), None, crate::service::trace::TRACE_LIMIT_MAX)
+    })
+    .await;
+    match out {
+        Ok(Ok(rows)) => {
+            use crate::service::trace;
+            let (kind, body) = match format.as_str() {
+                "jsonl" => ("application/x-ndjson", trace::jsonl(&rows)),
+                "otel" => (
+                    "application/json",
+                    serde_json::to_string(&trace::otel(&rows)).unwrap_or_default(),
+                ),
+                _ => ("text/plain; charset=utf-8", trace::mermaid(&rows)),
+            };
+            ([(header::CONTENT_TYPE, kind)], body).into_response()
+        }
+        Ok(Err(e)) => service_error(&e),
+        Err(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "the trace stopped"),
+    }
 }
 
 async fn events(State(s): State<Arc<AppState>>, RawQuery(q): RawQuery) -> Response {
