@@ -1287,6 +1287,8 @@ fn maybe_publish(
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
                     .push(oracle::TopicPostRow {
                         title: format!("{TOPIC} #{}", p.position),
+                        publisher: from.clone(),
+                        at: sim::turmoil::elapsed(),
                         subscribers: subscribers.clone(),
                     });
             }
@@ -1866,9 +1868,12 @@ fn topic_notices(c: &rusqlite::Connection) -> Result<Vec<(String, String, bool)>
     let err = |e: rusqlite::Error| e.to_string();
     let mut st = c
         .prepare(
+            // Every notification titled as a post, straight from the inboxes (not through
+            // `topic_notices`, whose key would hide a second copy).
             "SELECT m.title, m.recipient,
                     EXISTS (SELECT 1 FROM deliveries d WHERE d.message_id = m.id)
-             FROM topic_notices n JOIN messages m ON m.id = n.message_id
+             FROM messages m
+             WHERE m.intent = 'notification' AND m.title LIKE 'news #%'
              ORDER BY m.seq",
         )
         .map_err(err)?;

@@ -104,6 +104,8 @@ pub struct WorkRow {
 pub struct TopicPostRow {
     /// Its title in a subscriber's inbox: `topic #position`.
     pub title: String,
+    pub publisher: String,
+    pub at: Duration,
     pub subscribers: BTreeSet<String>,
 }
 
@@ -869,7 +871,8 @@ pub fn judge(run: &Run, settle_bound: Duration) -> Vec<Verdict> {
 }
 
 /// SPEC §8.2 broadcast: each post reached every agent that subscribed to its topic as it was
-/// published exactly once, nobody else, and never as a turn, whatever the engine's crashes.
+/// published exactly once, unless a person had blocked the connection from its publisher
+/// (then never), nobody else, and never as a turn.
 pub fn topics(run: &Run) -> Verdict {
     let mut v = Verdict::new("topics", "a publish reaches each subscriber once");
     let mut told: BTreeMap<(&str, &str), usize> = BTreeMap::new();
@@ -883,17 +886,27 @@ pub fn topics(run: &Run) -> Verdict {
     for p in &run.topic_posts {
         v.exercised += 1;
         for s in &p.subscribers {
-            match told
+            let blocked = *s != p.publisher
+                && run.holds.iter().any(|h| {
+                    h.pair.as_ref() == Some(&(p.publisher.clone(), s.clone()))
+                        && h.from <= p.at
+                        && h.until.is_none_or(|u| p.at < u)
+                });
+            let n = told
                 .get(&(p.title.as_str(), s.as_str()))
                 .copied()
-                .unwrap_or(0)
-            {
-                1 => {}
-                0 => v.violations.push(format!(
+                .unwrap_or(0);
+            match (n, blocked) {
+                (1, false) | (0, true) => {}
+                (0, false) => v.violations.push(format!(
                     "{} never reached {s}, who subscribed as it was published",
                     p.title
                 )),
-                n => v
+                (_, true) => v.violations.push(format!(
+                    "{} reached {s}, though {} → {s} was blocked",
+                    p.title, p.publisher
+                )),
+                (n, false) => v
                     .violations
                     .push(format!("{} reached {s} {n} times", p.title)),
             }

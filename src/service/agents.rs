@@ -221,6 +221,9 @@ impl Service {
             if !tx.remove_agent(id)? {
                 return Err(ServiceError::NotFound(format!("unknown agent {id:?}")));
             }
+            // Its subscriptions go with it: an agent added later under the same id starts
+            // afresh, never from a cursor of posts it was not told of.
+            tx.unsubscribe_everywhere(id)?;
             tx.event(now, None, "agent", &format!("agent {id} removed"))?;
             Ok(())
         })

@@ -62,9 +62,12 @@ pub struct Published {
     pub topic: String,
     pub position: i64,
     pub publisher: String,
-    /// Who was told (each once), and the inbox message that told each.
+    /// Who was told of this post (each once), and the inbox message that told each.
     pub notified: Vec<String>,
     pub messages: Vec<String>,
+    /// Subscribers the publisher may not reach (a blocked or not allowed connection): not
+    /// told, though they read the topic themselves.
+    pub withheld: Vec<String>,
     /// The same key was published before: this is that post, and nobody was told again.
     pub repeated: bool,
 }
@@ -304,6 +307,12 @@ impl Service {
             if let Some(k) = key
                 && let Some(p) = tx.post_by_key(name, from, k)?
             {
+                if p.body_hash.as_deref() != Some(body_hash(body).as_str()) {
+                    return refused(format!(
+                        "key {k:?} was published on {name} before (#{}) with another message",
+                        p.position
+                    ));
+                }
                 let told = tx.topic_notices(name, p.position)?;
                 return Ok(Published {
                     topic: name.to_owned(),
@@ -311,26 +320,34 @@ impl Service {
                     publisher: p.publisher,
                     notified: told.iter().map(|(a, _)| a.clone()).collect(),
                     messages: told.into_iter().map(|(_, m)| m).collect(),
+                    withheld: Vec::new(),
                     repeated: true,
                 });
             }
             let position = tx.next_topic_position(name)?;
+            // Never dated before the post ahead of it (another process may have read its
+            // clock first and committed later): positions and times rise together.
+            let now = now.max(tx.newest_post_time(name)?.unwrap_or(0));
             tx.insert_post(&PostRow {
                 topic: name.to_owned(),
                 position,
                 publisher: from.to_owned(),
                 body: Some(body.to_owned()),
+                body_hash: Some(body_hash(body)),
                 key: key.map(str::to_owned),
                 created_at: now,
             })?;
-            let (mut notified, mut messages) = (Vec::new(), Vec::new());
+            let (mut notified, mut messages, mut withheld) = (Vec::new(), Vec::new(), Vec::new());
             let mut subscribers = tx.subscribers(name)?;
             if misses_one {
                 subscribers.pop();
             }
             for agent in subscribers {
-                if tx.agent(&agent)?.is_none() {
-                    continue; // removed since it subscribed: nobody to tell
+                // A subscriber the publisher may not reach (`block`, `connections explicit`)
+                // is not told; it still reads the topic itself.
+                if agent != from && !super::connection_allowed(tx, from, &agent)? {
+                    withheld.push(agent);
+                    continue;
                 }
                 let m = notice(name, position, from, &agent, body, now);
                 tx.insert_message(&m)?;
@@ -359,6 +376,7 @@ impl Service {
                 publisher: from.to_owned(),
                 notified,
                 messages,
+                withheld,
                 repeated: false,
             })
         })
@@ -399,20 +417,23 @@ impl Service {
             let mut rows = tx.posts_after(name, after, since, limit + 1)?;
             let more = rows.len() > usize::try_from(limit).unwrap_or(usize::MAX);
             rows.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
-            // Positions asked for but dropped by retention: those between where the read
-            // began and the first post it found (or the newest, when it found none).
-            let first = rows.first().map_or(t.last_position + 1, |p| p.position);
-            let skipped = (first - after - 1).max(0);
-            let reached = rows.last().map_or(after.max(first - 1), |p| p.position);
+            // Where the read got to: its last post, or (none found) the newest position.
+            // Positions on the way that retention no longer keeps are counted as skipped.
+            let reached = rows
+                .last()
+                .map_or(after.max(t.last_position), |p| p.position);
+            let returned = i64::try_from(rows.len()).unwrap_or(i64::MAX);
+            let skipped = (reached - after - returned).max(0);
+            let reached = reached.min(t.last_position);
+            // The cursor moves on only over what this read covered from the cursor on: a
+            // replay that starts past it skips nothing the subscriber has not read.
             let cursor = match &sub {
-                Some(s) => {
-                    let to = reached.min(t.last_position);
-                    if to > s.cursor {
-                        tx.advance_cursor(name, agent, to)?;
-                    }
-                    s.cursor.max(to)
+                Some(s) if after <= s.cursor && reached > s.cursor => {
+                    tx.advance_cursor(name, agent, reached)?;
+                    reached
                 }
-                None => reached.min(t.last_position),
+                Some(s) => s.cursor,
+                None => reached,
             };
             Ok(TopicRead {
                 topic: name.to_owned(),
@@ -437,7 +458,9 @@ impl Service {
 /// The inbox message that tells `to` of a post: a notification, never a turn.
 fn notice(name: &str, position: i64, from: &str, to: &str, body: &str, now: i64) -> MessageRow {
     let id = crate::clock::new_id();
-    let text = format!("Published on topic {name} (#{position}) by {from}:\n\n{body}");
+    // The post itself (its title names the topic and position, its sender the publisher):
+    // within the limit of any message, like the post.
+    let text = body.to_owned();
     MessageRow {
         chain_id: id.clone(),
         parent_id: None,

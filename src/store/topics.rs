@@ -26,6 +26,9 @@ pub struct PostRow {
     pub position: i64,
     pub publisher: String,
     pub body: Option<String>,
+    /// The SHA-256 of its text (kept when retention drops the text): a repeated key must
+    /// come with the same text.
+    pub body_hash: Option<String>,
     pub key: Option<String>,
     pub created_at: i64,
 }
@@ -79,7 +82,7 @@ CREATE TABLE IF NOT EXISTS topic_notices (
 ";
 
 const TOPIC_COLS: &str = "name, created_by, keep_count, keep_minutes, last_position, created_at";
-const POST_COLS: &str = "topic, position, publisher, body, idem_key, created_at";
+const POST_COLS: &str = "topic, position, publisher, body, idem_key, created_at, body_hash";
 
 fn topic_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<TopicRow> {
     Ok(TopicRow {
@@ -100,6 +103,7 @@ fn post_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<PostRow> {
         body: r.get(3)?,
         key: r.get(4)?,
         created_at: r.get(5)?,
+        body_hash: r.get(6)?,
     })
 }
 
@@ -162,17 +166,31 @@ impl Tx<'_> {
 
     pub fn insert_post(&self, p: &PostRow) -> Result<()> {
         self.exec(
-            &format!("INSERT INTO topic_posts ({POST_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6)"),
+            &format!("INSERT INTO topic_posts ({POST_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"),
             params![
                 p.topic,
                 p.position,
                 p.publisher,
                 p.body,
                 p.key,
-                p.created_at
+                p.created_at,
+                p.body_hash
             ],
         )?;
         Ok(())
+    }
+
+    /// When the topic's newest post was published.
+    pub fn newest_post_time(&self, topic: &str) -> Result<Option<i64>> {
+        Ok(self
+            .tx
+            .prepare_cached("SELECT max(created_at) FROM topic_posts WHERE topic = ?1")?
+            .query_row([topic], |r| r.get(0))?)
+    }
+
+    /// Forgets `agent`'s subscriptions (it was removed).
+    pub fn unsubscribe_everywhere(&self, agent: &str) -> Result<usize> {
+        self.exec("DELETE FROM topic_subscribers WHERE agent = ?1", [agent])
     }
 
     pub fn post_by_key(&self, topic: &str, publisher: &str, key: &str) -> Result<Option<PostRow>> {
