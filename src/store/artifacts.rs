@@ -17,7 +17,7 @@ pub struct ArtifactRow {
     pub created_at: i64,
 }
 
-/// The schema of artifacts, and the hash of each topic post's text (migration 11).
+/// The schema of artifacts (migration 11; `Store::migrate` adds each topic post's hash).
 pub(super) const SCHEMA: &str = r"
 CREATE TABLE IF NOT EXISTS artifacts (
     id TEXT PRIMARY KEY,
@@ -27,7 +27,6 @@ CREATE TABLE IF NOT EXISTS artifacts (
     body TEXT NOT NULL,
     created_at INTEGER NOT NULL
 );
-ALTER TABLE topic_posts ADD COLUMN body_hash TEXT;
 ";
 
 impl Tx<'_> {

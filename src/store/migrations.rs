@@ -162,6 +162,6 @@ CREATE INDEX deliveries_recipient_due ON deliveries (recipient, due_at)
     // subscriber's cursor, and which inbox message told whom of which post.
     super::topics::SCHEMA,
     // 10 → 11: artifacts (SPEC §8.2 bounded summaries): the full text of a summary a card
-    // carries only in part.
+    // carries only in part; and each topic post's hash (`migrate_11`).
     super::artifacts::SCHEMA,
 ];

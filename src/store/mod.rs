@@ -371,6 +371,9 @@ impl Store {
                 if target == 9 {
                     migrate_9(&tx)?;
                 }
+                if target == 11 {
+                    migrate_11(&tx)?;
+                }
             }
         }
         tx.execute_batch(&format!(
@@ -833,6 +836,20 @@ fn migrate_9(tx: &rusqlite::Transaction<'_>) -> Result<()> {
 );
 CREATE INDEX IF NOT EXISTS chain_spends_chain ON chain_spends (chain_id, message_id);",
     )?;
+    Ok(())
+}
+
+/// Schema 11: each topic post keeps the hash of its text (a repeated key must come with the
+/// same text), added only where it is missing.
+fn migrate_11(tx: &rusqlite::Transaction<'_>) -> Result<()> {
+    let present: bool = tx.query_row(
+        "SELECT count(*) > 0 FROM pragma_table_info('topic_posts') WHERE name = 'body_hash'",
+        [],
+        |r| r.get(0),
+    )?;
+    if !present {
+        tx.execute_batch("ALTER TABLE topic_posts ADD COLUMN body_hash TEXT;")?;
+    }
     Ok(())
 }
 

@@ -157,34 +157,19 @@ pub fn run(cli: &Cli) -> Result<(), Failure> {
             summary,
             evidence,
             blocked,
-        } => {
-            let mut s = open(cli)?;
-            let (w, ret) =
-                s.return_work(id, &actor.as_agent, summary, evidence.as_deref(), *blocked)?;
-            emit(cli, &json!({"work": w, "return_message": ret}), || {
-                format!(
-                    "{} {}; return {} sent to {}",
-                    short(&w.id),
-                    w.state,
-                    short(&ret.id),
-                    w.sender
-                )
-            });
-            Ok(())
-        }
+        } => return_cmd(
+            cli,
+            id,
+            &actor.as_agent,
+            (summary, evidence.as_deref()),
+            *blocked,
+        ),
         Command::Close {
             id,
             actor,
             outcome,
             note,
-        } => {
-            let mut s = open(cli)?;
-            let w = s.close(id, &actor.as_agent, *outcome, note.as_deref())?;
-            emit(cli, &w, || {
-                format!("{} closed: {}", short(&w.id), outcome.as_str())
-            });
-            Ok(())
-        }
+        } => close_cmd(cli, id, &actor.as_agent, *outcome, note.as_deref()),
         Command::Status { id } => status(cli, id.as_deref()),
         Command::Doctor => doctor_cmd(cli),
         Command::Release { id, note } => {
@@ -246,20 +231,7 @@ pub fn run(cli: &Cli) -> Result<(), Failure> {
             since,
             format,
             limit,
-        } => {
-            let since = since.as_deref().map(parse_time).transpose()?;
-            let rows = open(cli)?.trace(chain.as_deref(), since, *limit)?;
-            let text = match format {
-                args::TraceFormat::Jsonl => crate::service::trace::jsonl(&rows),
-                args::TraceFormat::Mermaid => crate::service::trace::mermaid(&rows),
-                args::TraceFormat::Otel => {
-                    serde_json::to_string(&crate::service::trace::otel(&rows)).unwrap_or_default()
-                        + "\n"
-                }
-            };
-            print!("{text}");
-            Ok(())
-        }
+        } => trace_cmd(cli, chain.as_deref(), since.as_deref(), *format, *limit),
         Command::Artifact(args::ArtifactCmd::Get { id }) => {
             let a = open(cli)?.artifact_get(id, None)?;
             emit(cli, &a, || a.body.clone());
@@ -280,6 +252,42 @@ pub fn run(cli: &Cli) -> Result<(), Failure> {
         Command::Sim { seed, seeds, trace } => sim_cmd(cli, *seed, seeds.as_deref(), *trace),
         Command::Supervise(a) => supervise_cmd(cli, a),
     }
+}
+
+fn return_cmd(
+    cli: &Cli,
+    id: &str,
+    actor: &str,
+    (summary, evidence): (&str, Option<&str>),
+    blocked: bool,
+) -> Result<(), Failure> {
+    let mut s = open(cli)?;
+    let (w, ret) = s.return_work(id, actor, summary, evidence, blocked)?;
+    emit(cli, &json!({"work": w, "return_message": ret}), || {
+        format!(
+            "{} {}; return {} sent to {}",
+            short(&w.id),
+            w.state,
+            short(&ret.id),
+            w.sender
+        )
+    });
+    Ok(())
+}
+
+fn close_cmd(
+    cli: &Cli,
+    id: &str,
+    actor: &str,
+    outcome: Outcome,
+    note: Option<&str>,
+) -> Result<(), Failure> {
+    let mut s = open(cli)?;
+    let w = s.close(id, actor, outcome, note)?;
+    emit(cli, &w, || {
+        format!("{} closed: {}", short(&w.id), outcome.as_str())
+    });
+    Ok(())
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
@@ -576,6 +584,26 @@ fn dead_cmd(cli: &Cli, cmd: &args::DeadCmd) -> Result<(), Failure> {
             emit(cli, &d, || format!("dead letter {} dropped", d.id));
         }
     }
+    Ok(())
+}
+
+fn trace_cmd(
+    cli: &Cli,
+    chain: Option<&str>,
+    since: Option<&str>,
+    format: args::TraceFormat,
+    limit: i64,
+) -> Result<(), Failure> {
+    let since = since.map(parse_time).transpose()?;
+    let rows = open(cli)?.trace(chain, since, limit)?;
+    let text = match format {
+        args::TraceFormat::Jsonl => crate::service::trace::jsonl(&rows),
+        args::TraceFormat::Mermaid => crate::service::trace::mermaid(&rows),
+        args::TraceFormat::Otel => {
+            serde_json::to_string(&crate::service::trace::otel(&rows)).unwrap_or_default() + "\n"
+        }
+    };
+    print!("{text}");
     Ok(())
 }
 
