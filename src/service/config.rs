@@ -39,6 +39,17 @@ fn config_default(key: &str) -> Value {
     }
 }
 
+/// A moment given as milliseconds since the epoch or as an RFC 3339 time.
+pub fn instant(raw: &str) -> Option<i64> {
+    if let Ok(ms) = raw.parse::<i64>() {
+        return (ms >= 0).then_some(ms);
+    }
+    humantime::parse_rfc3339_weak(raw)
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .and_then(|d| i64::try_from(d.as_millis()).ok())
+}
+
 fn parse_config_value(key: &str, raw: &str, now: Millis) -> Result<Value> {
     match key {
         "enabled" => match raw {
@@ -50,17 +61,7 @@ fn parse_config_value(key: &str, raw: &str, now: Millis) -> Result<Value> {
             if raw == "now" {
                 return Ok(json!(millis(now)));
             }
-            if let Ok(ms) = raw.parse::<i64>()
-                && ms >= 0
-            {
-                return Ok(json!(ms));
-            }
-            humantime::parse_rfc3339_weak(raw)
-                .ok()
-                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-                .and_then(|d| i64::try_from(d.as_millis()).ok())
-                .map(|ms| json!(ms))
-                .ok_or_else(|| {
+            instant(raw).map(|ms| json!(ms)).ok_or_else(|| {
                     ServiceError::Usage(
                         "enabledAfter takes `now`, milliseconds since the epoch, or a time like 2026-11-29T12:00:00Z".to_owned(),
                     )

@@ -129,12 +129,7 @@ pub struct DeliveryDetail {
 pub const SYSTEM_SENDER: &str = "handoffs";
 
 pub fn check_agent_id(id: &str) -> Result<()> {
-    let ok = !id.is_empty()
-        && id.len() <= 64
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if ok {
+    if id_shaped(id) {
         Ok(())
     } else {
         usage(format!(
@@ -142,6 +137,15 @@ pub fn check_agent_id(id: &str) -> Result<()> {
             truncate(id, 80)
         ))
     }
+}
+
+/// `[A-Za-z0-9._-]{1,64}`: the shape of agent ids and topic names.
+fn id_shaped(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 fn truncate(s: &str, chars: usize) -> String {

@@ -96,12 +96,7 @@ pub struct TopicRead {
 
 /// Checks a topic name: the same alphabet as agent ids.
 pub fn check_topic_name(name: &str) -> Result<()> {
-    let ok = !name.is_empty()
-        && name.len() <= 64
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if ok {
+    if super::id_shaped(name) {
         Ok(())
     } else {
         usage(format!(

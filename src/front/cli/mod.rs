@@ -390,16 +390,7 @@ fn send_cmd(cli: &Cli, a: &SendArgs) -> Result<(), Failure> {
         }
         _ => {}
     }
-    let body = if a.message == "-" {
-        let mut buf = String::new();
-        std::io::stdin()
-            .take(4 * 1024 * 1024)
-            .read_to_string(&mut buf)
-            .map_err(|e| usage(format!("cannot read the message from stdin: {e}")))?;
-        buf
-    } else {
-        a.message.clone()
-    };
+    let body = message_arg(&a.message)?;
     let mut s = open(cli)?;
     // A send from inside a supervised turn (its run's `HANDOFFS_REQUEST_ID`) continues that
     // turn's chain; a person's send starts one, unless --parent names it.
@@ -607,22 +598,26 @@ fn trace_cmd(
     Ok(())
 }
 
+/// A message argument: the text itself, or `-` for stdin (at most 4 MiB).
+fn message_arg(message: &str) -> Result<String, Failure> {
+    if message != "-" {
+        return Ok(message.to_owned());
+    }
+    let mut buf = String::new();
+    std::io::stdin()
+        .take(4 * 1024 * 1024)
+        .read_to_string(&mut buf)
+        .map_err(|e| usage(format!("cannot read the message from stdin: {e}")))?;
+    Ok(buf)
+}
+
 /// A time given as RFC 3339 or as milliseconds since the epoch.
 fn parse_time(raw: &str) -> Result<i64, Failure> {
-    if let Ok(ms) = raw.parse::<i64>()
-        && ms >= 0
-    {
-        return Ok(ms);
-    }
-    humantime::parse_rfc3339_weak(raw)
-        .ok()
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .and_then(|d| i64::try_from(d.as_millis()).ok())
-        .ok_or_else(|| {
-            usage(format!(
-                "--since takes a time like 2026-12-01T12:00:00Z or milliseconds since the epoch, not {raw:?}"
-            ))
-        })
+    crate::service::config::instant(raw).ok_or_else(|| {
+        usage(format!(
+            "--since takes a time like 2026-12-01T12:00:00Z or milliseconds since the epoch, not {raw:?}"
+        ))
+    })
 }
 
 fn topic_cmd(cli: &Cli, cmd: &args::TopicCmd) -> Result<(), Failure> {
@@ -705,16 +700,7 @@ fn topic_cmd(cli: &Cli, cmd: &args::TopicCmd) -> Result<(), Failure> {
             message,
             key,
         } => {
-            let body = if message == "-" {
-                let mut buf = String::new();
-                std::io::stdin()
-                    .take(4 * 1024 * 1024)
-                    .read_to_string(&mut buf)
-                    .map_err(|e| usage(format!("cannot read the message from stdin: {e}")))?;
-                buf
-            } else {
-                message.clone()
-            };
+            let body = message_arg(message)?;
             s.set_policy(policy_from_env()?);
             let p = s.topic_publish(name, from, &body, key.as_deref())?;
             emit(cli, &p, || {
