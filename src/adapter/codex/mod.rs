@@ -117,8 +117,23 @@ pub fn lock_holders_checked(path: &Path) -> Result<Vec<i32>, String> {
     let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
     let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
     let id = format!("{major:02x}:{minor:02x}:{}", meta.ino());
-    let locks = std::fs::read_to_string("/proc/locks")
-        .map_err(|e| format!("cannot read /proc/locks: {e}"))?;
+    // The kernel writes /proc/locks a page per read, walking its lock list by position: a
+    // lock taken or released elsewhere between two pages (SQLite does so all the time) can
+    // shift the list and skip a line. A holder is never invented, only missed, so a look
+    // that finds nobody is read again, up to five times in all.
+    for _ in 0..5 {
+        let locks = std::fs::read_to_string("/proc/locks")
+            .map_err(|e| format!("cannot read /proc/locks: {e}"))?;
+        let pids = holders_in(&locks, &id);
+        if !pids.is_empty() {
+            return Ok(pids);
+        }
+    }
+    Ok(Vec::new())
+}
+
+/// The pids holding the lock on the file `id` (`MAJOR:MINOR:INODE`) in /proc/locks' text.
+fn holders_in(locks: &str, id: &str) -> Vec<i32> {
     let mut pids = Vec::new();
     for line in locks.lines() {
         // "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF" (a "->" marks a waiter).
@@ -136,7 +151,7 @@ pub fn lock_holders_checked(path: &Path) -> Result<Vec<i32>, String> {
             pids.push(pid);
         }
     }
-    Ok(pids)
+    pids
 }
 
 /// The file whose lock says which Codex process writes to `thread` (Codex's own).
@@ -1766,6 +1781,46 @@ pub async fn scan(service: &RefCell<dyn Host>, agent: &AgentRow, request_id: &st
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A lock held throughout is found at every look, however many other locks are taken
+    /// and released meanwhile (read in pieces, `/proc/locks` skipped it now and then).
+    #[test]
+    fn a_held_lock_is_found_while_other_locks_churn() {
+        let d = tempfile::tempdir().unwrap();
+        let held = d.path().join("held.lock");
+        let file = std::fs::File::create(&held).unwrap();
+        file.try_lock().unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let churn: Vec<_> = (0..4)
+            .map(|t| {
+                let (dir, stop) = (d.path().to_owned(), stop.clone());
+                std::thread::spawn(move || {
+                    let files: Vec<std::fs::File> = (0..40)
+                        .map(|i| std::fs::File::create(dir.join(format!("c{t}-{i}"))).unwrap())
+                        .collect();
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        for f in &files {
+                            let _ = f.try_lock();
+                        }
+                        for f in &files {
+                            let _ = f.unlock();
+                        }
+                    }
+                })
+            })
+            .collect();
+        let missed = (0..500)
+            .filter(|_| lock_holders_checked(&held).unwrap().is_empty())
+            .count();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for c in churn {
+            c.join().unwrap();
+        }
+        assert_eq!(
+            missed, 0,
+            "the held lock was missed in {missed} of 500 looks"
+        );
+    }
 
     #[test]
     fn an_open_turn_is_interrupted_only_while_nobody_holds_the_thread() {
