@@ -119,7 +119,7 @@ pub fn lock_holders_checked(path: &Path) -> Result<Vec<i32>, String> {
     let id = format!("{major:02x}:{minor:02x}:{}", meta.ino());
     // The kernel writes /proc/locks a page per read, walking its lock list by position: a
     // lock taken or released elsewhere between two pages (SQLite does so all the time) can
-    // shift the list and skip a line. A holder is never invented, only missed, so a look
+    // shift the list and skip a line (or show one twice). A holder is never invented, only missed, so a look
     // that finds nobody is read again, up to five times in all.
     for _ in 0..5 {
         let locks = std::fs::read_to_string("/proc/locks")
@@ -151,6 +151,9 @@ fn holders_in(locks: &str, id: &str) -> Vec<i32> {
             pids.push(pid);
         }
     }
+    // The same shift can also show a line twice.
+    pids.sort_unstable();
+    pids.dedup();
     pids
 }
 
