@@ -74,6 +74,25 @@ fn listed(w: &World, name: &str) -> Value {
 
 /// Runs `args`, asserts exit `code`, a one-line stderr without a panic, and empty stdout;
 /// returns the stderr line.
+/// `handoffs --json topic publish TOPIC FROM -` with `text` on stdin.
+fn publish_stdin(w: &World, topic: &str, from: &str, text: &str) -> std::process::Output {
+    let mut child = w
+        .cmd()
+        .args(["--json", "topic", "publish", topic, from, "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
 fn fails(w: &World, args: &[&str], code: i32) -> String {
     let out = w.run(args);
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -261,21 +280,7 @@ fn a_publish_reaches_each_subscriber_once_as_a_notification_and_reads_on_from_th
 
     // A publisher that subscribes is told of its own post too; a post read from stdin.
     topic(&w, &["subscribe", "news", "pub"]);
-    let mut child = w
-        .cmd()
-        .args(["--json", "topic", "publish", "news", "pub", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"third, from stdin")
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = publish_stdin(&w, "news", "pub", "third, from stdin");
     assert!(
         out.status.success(),
         "publish -: {}",
@@ -871,23 +876,7 @@ fn more_bad_publishes_and_reads_fail_with_usage_errors() {
     }
     // A post past the limit (from stdin: one argument cannot hold it) is refused; one at
     // the limit reaches its subscriber whole, its notification no longer than the post.
-    let publish = |text: &str| {
-        let mut child = w
-            .cmd()
-            .args(["--json", "topic", "publish", "news", "pub", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(text.as_bytes())
-            .unwrap();
-        child.wait_with_output().unwrap()
-    };
+    let publish = |text: &str| publish_stdin(&w, "news", "pub", text);
     let out = publish(&"x".repeat(200_001));
     assert_eq!(
         out.status.code(),
