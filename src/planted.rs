@@ -46,10 +46,13 @@ pub enum Plant {
     /// The engine keeps its jobs' batched steps uncommitted while they wait on an agent
     /// (its write lock blocks every other process meanwhile).
     HoldBatchWhileWaiting,
+    /// A fan-out child's return decides the join from the fan-out as a transaction before
+    /// its own read it (two returns at the same moment both join it).
+    StaleJoin,
 }
 
 impl Plant {
-    pub const ALL: [Plant; 16] = [
+    pub const ALL: [Plant; 17] = [
         Plant::EnrolAfterCommit,
         Plant::NoSyncBeforeWrite,
         Plant::ResumeBesideLive,
@@ -66,6 +69,7 @@ impl Plant {
         Plant::EnrolIgnoresCancel,
         Plant::McpDropsBadParams,
         Plant::HoldBatchWhileWaiting,
+        Plant::StaleJoin,
     ];
 
     /// Its name in `HANDOFFS_PLANT`.
@@ -87,6 +91,7 @@ impl Plant {
             Plant::EnrolIgnoresCancel => "enrol_ignores_cancel",
             Plant::McpDropsBadParams => "mcp_drops_bad_params",
             Plant::HoldBatchWhileWaiting => "hold_batch_while_waiting",
+            Plant::StaleJoin => "stale_join",
         }
     }
 }

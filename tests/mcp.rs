@@ -1019,6 +1019,58 @@ async fn every_result_matches_its_tools_output_schema() {
         &call(&alice, "unsubscribe", json!({"topic": "news"})).await,
     );
     assert_eq!(gone["removed"], true, "{gone}");
+    // A fan-out from alice to bob and carol, joined on the first return: one combined
+    // return reaches alice; carol's later return is recorded late. Nobody names a sender.
+    let spoof = err_text(
+        &call(
+            &bob,
+            "fan_out",
+            json!({"to": ["carol"], "message": "m", "title": "t", "sender": "alice"}),
+        )
+        .await,
+    );
+    assert!(spoof.contains("this server acts only as bob"), "{spoof}");
+    w.ok(&["agent", "add", "carol", "--provider", "demo"]);
+    let fan = check(
+        "fan_out",
+        &call(
+            &alice,
+            "fan_out",
+            json!({"to": ["bob", "carol"], "message": "review it", "title": "review",
+                   "join": "quorum:1", "deadline_minutes": 30}),
+        )
+        .await,
+    );
+    assert_eq!(
+        (&fan["join"], &fan["created"]),
+        (&json!("quorum:1"), &json!(true))
+    );
+    let kids = fan["children"].as_array().expect("children");
+    assert_eq!(kids.len(), 2, "{fan}");
+    let carol = connect(server(&w, "carol", &root, None)).await;
+    let first = ok(&call(
+        &bob,
+        "return_work",
+        json!({"id": kids[0]["id"], "summary": "fine"}),
+    )
+    .await);
+    assert_eq!(first["fanout"]["state"], "complete", "{first}");
+    let late = ok(&call(
+        &carol,
+        "return_work",
+        json!({"id": kids[1]["id"], "summary": "also fine"}),
+    )
+    .await);
+    assert_eq!(late["fanout"]["state"], "complete", "{late}");
+    assert_ne!(late["return_message_id"], first["return_message_id"]);
+    let inbox = ok(&call(&alice, "inbox", json!({"limit": 500})).await);
+    let joined: Vec<&Value> = inbox["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .filter(|m| m["title"] == "joined (1/2): review")
+        .collect();
+    assert_eq!(joined.len(), 1, "one combined return: {inbox}");
     let listed: std::collections::BTreeSet<String> = alice
         .list_all_tools()
         .await

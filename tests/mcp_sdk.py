@@ -66,7 +66,7 @@ HANDOFF_TOOLS = [
     "handoff_status", "list_agents", "wait_for_messages", "create_handoff", "claim_handoff",
     "renew_handoff", "pass_handoff", "complete_handoff", "show_handoff", "list_handoffs",
     "cancel_chain", "spend_budget", "list_topics", "subscribe", "unsubscribe", "publish",
-    "read_topic", "get_artifact",
+    "read_topic", "get_artifact", "fan_out",
 ]
 CONTEXT_TOOLS = [
     "context_brief", "context_search", "context_get", "context_record", "context_supersede",
@@ -77,7 +77,7 @@ CONTEXT_READ_ONLY = {"context_brief", "context_search", "context_get", "context_
 WRITES = {
     "send_handoff", "accept_work", "return_work", "close_work", "create_handoff", "claim_handoff",
     "renew_handoff", "pass_handoff", "complete_handoff", "context_record", "context_supersede",
-    "cancel_chain", "spend_budget", "publish", "read_topic",
+    "cancel_chain", "spend_budget", "publish", "read_topic", "fan_out",
 }
 
 CALL_TIMEOUT = 10.0  # seconds, per tool call

@@ -786,3 +786,61 @@ async fn a_chains_trace_is_served_as_a_diagram() {
     let (s, _) = get(&public, &at(&format!("chain={root}"))).await;
     assert_eq!(s, StatusCode::NOT_FOUND);
 }
+
+/// Fan-outs waiting for their join show in `/api/status` (and so on the page) with who they
+/// wait on, and `/metrics` counts joins complete and partial.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fan_outs_waiting_show_and_joins_are_counted() {
+    let app = app(false);
+    let w = &app.world;
+    w.ok(&["agent", "add", "reviewer", "--provider", "demo"]);
+    let first = w.json(&[
+        "send",
+        "planner",
+        "--to",
+        "writer,reviewer",
+        "look",
+        "--title",
+        "look",
+        "--join",
+        "quorum:1",
+    ]);
+    w.json(&[
+        "send",
+        "planner",
+        "--to",
+        "writer,reviewer",
+        "wait",
+        "--title",
+        "wait",
+    ]);
+    let done = first["children"][0]["message"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    w.ok(&["return", &done, "--as", "writer", "--summary", "ok"]);
+    let mut shown = Value::Null;
+    for _ in 0..50 {
+        let (_, v) = get(&app, "/api/status").await;
+        if v["fanouts"].as_array().is_some_and(|f| f.len() == 1) {
+            shown = v["fanouts"][0].clone();
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(shown["title"], "wait", "{shown}");
+    assert_eq!(shown["answered"], 0, "{shown}");
+    assert_eq!(
+        shown["waiting_on"],
+        json!(["writer", "reviewer"]),
+        "{shown}"
+    );
+    let (s, body, _) = request(&app, "GET", "/metrics", Some("127.0.0.1:8765"), &[], vec![]).await;
+    assert_eq!(s, StatusCode::OK);
+    let text = String::from_utf8_lossy(&body);
+    assert!(
+        text.contains("handoffs_fanout_joins_total{result=\"complete\"} 1")
+            && text.contains("handoffs_fanout_joins_total{result=\"partial\"} 0"),
+        "{text}"
+    );
+}

@@ -1154,6 +1154,7 @@ impl Engine {
                 }
                 None => interval,
             };
+            wait = self.sooner_for_housekeeping(wait, now);
             // What the loop itself wrote (housekeeping, rests, the report) is committed
             // before it yields or waits; the jobs' steps whenever they all wait (`flushing`).
             flush_or_stop(&ctx, &svc);
@@ -1218,6 +1219,25 @@ impl Engine {
                 }
             }
         }
+    }
+
+    /// `wait`, shortened so that a reminder or a fan-out's deadline is kept as promptly as a
+    /// delivery (one that is already due waits for housekeeping's next turn, at most a second
+    /// away); so is a commit housekeeping skipped for coming within a second of its last
+    /// turn (a fan-out sent then names its deadline only to the next housekeeping).
+    fn sooner_for_housekeeping(&self, mut wait: Duration, now: Millis) -> Duration {
+        if self.service.borrow().data_version().unwrap_or(0) != self.housekeeping_seen {
+            wait = wait.min(Duration::from_millis(HOUSEKEEPING_INTERVAL_MS));
+        }
+        if let Some(r) = self.next_reminder {
+            let until = if r > now {
+                r.since(now)
+            } else {
+                HOUSEKEEPING_INTERVAL_MS
+            };
+            wait = wait.min(Duration::from_millis(until));
+        }
+        wait
     }
 
     /// Syncs what the engine committed now that nothing runs: on the blocking pool (the

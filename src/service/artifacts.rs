@@ -107,8 +107,10 @@ mod tests {
             .unwrap();
         // 255 ASCII bytes, then two-byte characters: byte 256 falls inside one.
         let summary = format!("{}{}", "a".repeat(255), "é".repeat(400));
-        let (_, ret) = s
+        let ret = s
             .return_work(&sent.message.id, "dev", &summary, None, false)
+            .unwrap()
+            .message
             .unwrap();
         let (shown, marker) = ret.body.split_once("\n[… cut: ").expect("a marker");
         let shown = shown
@@ -133,8 +135,10 @@ mod tests {
         let sent = s
             .send("lead", "dev", "again", Some("t2"), None, None)
             .unwrap();
-        let (_, ret) = s
+        let ret = s
             .return_work(&sent.message.id, "dev", "short", Some("the log"), false)
+            .unwrap()
+            .message
             .unwrap();
         assert_eq!(ret.body, "Work returned: t2\n\nshort\n\nEvidence: the log");
     }

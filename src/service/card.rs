@@ -36,6 +36,19 @@ pub fn card(message: &MessageRow, work: Option<&WorkRow>) -> String {
                  (MCP: return_work id={id}); add --blocked if you cannot finish.\n"
             ));
         }
+        ("return", _) if message.work_id.is_none() => {
+            // A fan-out's one combined return: its children are closed one by one.
+            out.push_str(&format!(
+                "{} from {}\n\n",
+                message.title.as_deref().unwrap_or("Fan-out joined"),
+                message.sender
+            ));
+            out.push_str(&quote(&message.body));
+            out.push_str(
+                "\n\nNext step: review the answers and close each child's work with \
+                 `handoffs close ID accepted|revision|blocked` (MCP: close_work).\n",
+            );
+        }
         ("return", _) => {
             out.push_str(&format!(
                 "{} from {}\n\n",

@@ -39,6 +39,34 @@ pub(super) enum Place {
     Root,
     /// A continuation of `parent`, one hop deeper, allowed by the chain's budget.
     Child { parent: Box<MessageRow> },
+    /// Beside `of` (a fan-out's later children beside its first): the same chain, parent
+    /// and hop, one hop of the chain's budget spent.
+    Sibling { of: Box<MessageRow> },
+}
+
+/// Places a fan-out's later child beside its first, `of` (already in the chain): it spends
+/// one hop of the chain's budget at `of`'s depth, as a continuation would.
+pub(super) fn beside(
+    tx: &Tx<'_>,
+    of: &MessageRow,
+    from: &str,
+    policy: &model::Policy,
+    now: Millis,
+) -> Result<std::result::Result<Place, String>> {
+    let at = millis(now);
+    let mut chain = chain_of(tx, of, at)?;
+    let mut rules = chain.rules();
+    let decision = rules.continue_at(of.hop, policy);
+    let at_message = match of.parent_id.as_deref() {
+        Some(p) => tx.message(p)?.unwrap_or_else(|| of.clone()),
+        None => of.clone(),
+    };
+    match decided(tx, &mut chain, &rules, decision, &at_message, from, at)? {
+        Ok(()) => Ok(Ok(Place::Sibling {
+            of: Box::new(of.clone()),
+        })),
+        Err(why) => Ok(Err(format!("{from} → {}: {why}", of.recipient))),
+    }
 }
 
 /// The message `from` continues, if any: an explicit parent (which `from` must have sent or
@@ -616,6 +644,7 @@ impl Service {
             for msg in &messages {
                 cancel_delivery(tx, msg, (&own, &policy), &why, now, &mut out, &mut affected)?;
                 close_work(tx, msg, &why, millis(now), &mut out, &mut affected)?;
+                super::fanout::on_chain_cancel(tx, &msg.id, millis(now))?;
             }
             if let Some(agent) = by {
                 affected.insert(agent.to_owned());
@@ -629,6 +658,72 @@ impl Service {
             Ok(out)
         })
     }
+}
+
+/// Cancels a part of a chain, `msgs` (a fan-out's children still unanswered when it is
+/// joined), not the chain: each pending delivery is cancelled, a turn under way is marked
+/// (its return is recorded late), open work is closed as cancelled, and each recipient
+/// affected is told once. Returns the messages whose delivery or work it cancelled.
+pub(super) fn cancel_part(
+    tx: &Tx<'_>,
+    msgs: &[MessageRow],
+    own: &model::Policy,
+    why: &str,
+    now: Millis,
+) -> Result<Vec<String>> {
+    let Some(first) = msgs.first() else {
+        return Ok(Vec::new());
+    };
+    let policy = model::Policy::default();
+    let mut out = ChainCancelled {
+        chain: chain_of(tx, first, millis(now))?,
+        cancelled: Vec::new(),
+        marked: Vec::new(),
+        closed_work: Vec::new(),
+        notified: Vec::new(),
+    };
+    let mut affected = std::collections::BTreeSet::new();
+    for msg in msgs {
+        cancel_delivery(tx, msg, (own, &policy), why, now, &mut out, &mut affected)?;
+        close_work(tx, msg, why, millis(now), &mut out, &mut affected)?;
+    }
+    for msg in msgs {
+        if !affected.remove(&msg.recipient) {
+            continue;
+        }
+        let body = format!(
+            "{why}: your part, \"{}\" (work {}), is cancelled. A turn under way goes on; \
+             what it returns is recorded as late.",
+            msg.title.as_deref().unwrap_or(""),
+            crate::text::short(&msg.id)
+        );
+        let note = MessageRow {
+            id: crate::clock::new_id(),
+            sender: super::SYSTEM_SENDER.to_owned(),
+            recipient: msg.recipient.clone(),
+            body_hash: body_hash(&body),
+            body,
+            intent: "notification".to_owned(),
+            kind: "plain".to_owned(),
+            title: Some(format!("cancelled: {}", msg.title.as_deref().unwrap_or(""))),
+            work_id: None,
+            idem_key: None,
+            created_at: millis(now),
+            read_at: None,
+            chain_id: msg.chain_id.clone(),
+            parent_id: Some(msg.id.clone()),
+            hop: msg.hop + 1,
+        };
+        tx.insert_message(&note)?;
+    }
+    let mut done: Vec<String> = out.cancelled;
+    done.extend(out.marked);
+    for w in out.closed_work {
+        if !done.contains(&w) {
+            done.push(w);
+        }
+    }
+    Ok(done)
 }
 
 /// Cancels `msg`'s delivery when nothing of it can have been written yet; marks it when its

@@ -230,6 +230,7 @@ impl Service {
                 key: None,
                 lineage: &lineage,
                 policy: &policy,
+                beside: None,
             };
             // A replay that cannot be delivered either changes nothing: the letter stays.
             let sent = match send_in(tx, &draft, now, false)? {

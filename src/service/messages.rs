@@ -65,6 +65,7 @@ impl Service {
             key,
             lineage,
             policy: &self.policy,
+            beside: None,
         };
         let sent = self
             .store
@@ -153,7 +154,7 @@ impl Service {
 }
 
 /// The checks of a send's arguments that need no database.
-fn check_send(
+pub(super) fn check_send(
     from: &str,
     to: &str,
     body: &str,
@@ -202,6 +203,9 @@ pub(super) struct Draft<'a> {
     pub lineage: &'a Lineage,
     /// The rules' policy (its planted bug, in tests).
     pub policy: &'a model::Policy,
+    /// Placed beside this message (a fan-out's later children beside its first), not by
+    /// `lineage`.
+    pub beside: Option<&'a MessageRow>,
 }
 
 /// A send inside the caller's transaction: the message, its work and its delivery; or, for
@@ -222,6 +226,7 @@ pub(super) fn send_in(
         key,
         lineage,
         policy,
+        beside: _,
     } = *d;
     let hash = body_hash(body);
     if tx.agent(from)?.is_none() {
@@ -273,7 +278,11 @@ pub(super) fn send_in(
             ),
         );
     }
-    let place = match chains::place(tx, (from, to), lineage, policy, now)? {
+    let placed = match d.beside {
+        Some(of) => chains::beside(tx, of, from, policy, now)?,
+        None => chains::place(tx, (from, to), lineage, policy, now)?,
+    };
+    let place = match placed {
         Ok(place) => place,
         // Stopped: the chain's stop and its origin's notification are committed.
         Err(why) => return dead(dead::Reason::ChainStopped, why),
@@ -291,6 +300,7 @@ pub(super) fn send_in(
             Some(parent.id.clone()),
             parent.hop + 1,
         ),
+        chains::Place::Sibling { of } => (of.chain_id.clone(), of.parent_id.clone(), of.hop),
     };
     let message = MessageRow {
         id: id.clone(),

@@ -11,6 +11,7 @@ pub mod changes;
 pub mod config;
 pub mod dead;
 pub mod deliveries;
+pub mod fanout;
 pub mod ledger;
 pub mod messages;
 pub mod pass;
@@ -22,12 +23,13 @@ pub mod trace;
 pub mod work;
 
 pub use crate::store::{
-    AgentRow, ChainRow, DeadLetterRow, DeliveryRow, EventRow, IdTable, MessageRow, StoreError,
-    TraceRow, WorkRow, token_path,
+    AgentRow, ChainRow, DeadLetterRow, DeliveryRow, EventRow, FanoutRow, IdTable, MessageRow,
+    StoreError, TraceRow, WorkRow, token_path,
 };
 pub use agents::AgentAdded;
 pub use chains::{ChainView, Lineage};
 pub use changes::Changes;
+pub use fanout::{FanOut, FannedOut, FanoutView, Returned};
 pub use messages::Sent;
 pub use pass::StepReads;
 pub use session::Session;

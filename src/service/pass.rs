@@ -139,9 +139,13 @@ impl Service {
         Ok(self.store.write(|tx| tx.save_report(at, report))?)
     }
 
-    /// When the soonest reminder of open work falls due, if any.
+    /// When the soonest reminder of open work, or deadline of a fan-out, falls due, if any.
     pub fn next_reminder_at(&mut self) -> Result<Option<Millis>> {
-        let at = self.store.read(|tx: &Tx<'_>| tx.next_reminder_at())?;
+        let at = self.store.read(|tx: &Tx<'_>| {
+            let work = tx.next_reminder_at()?;
+            let fanout = tx.next_fanout_deadline()?;
+            Ok::<_, ServiceError>(work.into_iter().chain(fanout).min())
+        })?;
         Ok(at.and_then(|t| u64::try_from(t).ok()).map(Millis))
     }
 
@@ -240,6 +244,11 @@ impl Service {
                 }
             }
             let reminders = remind(tx, policy, now)?;
+            // A fan-out's deadline is among the times `next_reminder_at` names.
+            let joined = super::fanout::join_past_deadline(tx, policy, now)?;
+            if joined > 0 {
+                tracing::info!(joined, "fan-outs joined partial at their deadline");
+            }
             Ok::<_, ServiceError>((enrolled, reminders))
         };
         if reminders_may_be_due {

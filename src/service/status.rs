@@ -211,6 +211,10 @@ pub struct Board {
     /// The broadcast topics (SPEC §8.2), and how many posts they have had in all.
     pub topics: Vec<super::topics::TopicView>,
     pub publishes: i64,
+    /// The fan-outs waiting for their join (SPEC §8.2), the newest first, at most 20.
+    pub fanouts: Vec<super::fanout::FanoutView>,
+    /// How many fan-outs were joined complete, and how many partial, in all.
+    pub joins: (i64, i64),
 }
 
 /// A chain in flight, with what its first message asked (its title, or its body on one line).
@@ -367,6 +371,8 @@ impl Service {
             let dead_letters = tx.dead_letters(false, 20)?;
             let topics = super::topics::views(tx, now)?;
             let publishes = tx.publish_count()?;
+            let fanouts = super::fanout::waiting(tx, 20)?;
+            let joins = tx.fanout_joins()?;
             let chains = chains_in_flight(tx, &overview, &stopped)?;
             let open_work = tx.newest_open_work(None, 100)?;
             // Every piece of work: the metrics' histograms count all of it (so they only
@@ -489,6 +495,8 @@ impl Service {
                 chains,
                 topics,
                 publishes,
+                fanouts,
+                joins,
             })
         })
     }

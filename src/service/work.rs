@@ -120,7 +120,7 @@ impl Service {
         summary: &str,
         evidence: Option<&str>,
         blocked: bool,
-    ) -> Result<(WorkRow, MessageRow)> {
+    ) -> Result<super::Returned> {
         check_agent_id(actor)?;
         check_len("the summary", summary, SUMMARY_CHARS_MAX)?;
         if summary.trim().is_empty() {
@@ -131,10 +131,39 @@ impl Service {
         }
         let id = self.resolve(IdTable::Messages, id)?;
         let now = self.now();
+        let own = self.policy.clone();
+        // The planted bug `stale_join`: the fan-out's state is read before the return's
+        // transaction, and trusted in it.
+        let stale = if crate::planted(crate::Plant::StaleJoin) {
+            let state = self.store.read(|tx| {
+                let Some(c) = tx.fanout_child(&id)? else {
+                    return Ok::<_, ServiceError>(None);
+                };
+                Ok(tx.fanout(&c.fanout_id)?.map(|f| f.state))
+            })?;
+            std::thread::sleep(std::time::Duration::from_millis(150));
+            state
+        } else {
+            None
+        };
         self.store.write(|tx| {
             let (work_msg, mut w) = Self::work_for(tx, &id)?;
             if w.recipient != actor {
                 return refused(format!("only {} can return this work", w.recipient));
+            }
+            // A fan-out's child counts toward its join (SPEC §8.2), unless its chain was
+            // cancelled (then it is a chain's late return, below).
+            if let Some(child) = tx.fanout_child(&work_msg.id)?
+                && !tx.in_cancelled_chain(&work_msg.id)?
+            {
+                return super::fanout::child_returned(
+                    tx,
+                    (&work_msg, w, child),
+                    actor,
+                    (summary, evidence),
+                    blocked,
+                    (&own, now, stale.as_deref()),
+                );
             }
             if w.state == WorkState::Closed
                 && w.outcome.as_deref() == Some(super::chains::CANCELLED)
@@ -144,7 +173,13 @@ impl Service {
                 }
                 // Its chain was cancelled while the turn ran: the return is recorded, late,
                 // and told to the sender (never a turn).
-                return late_return(tx, &work_msg, w, actor, (summary, evidence), blocked, now);
+                let (work, note) =
+                    late_return(tx, &work_msg, w, actor, (summary, evidence), blocked, now)?;
+                return Ok(super::Returned {
+                    work,
+                    message: Some(note),
+                    fanout: None,
+                });
             }
             if !w.state.is_open() {
                 return refused(format!("the work was already {}", w.state));
@@ -186,7 +221,11 @@ impl Service {
             if millis(now) >= enabled_after(tx)? {
                 enrol(tx, &ret, now)?;
             }
-            Ok((w, ret))
+            Ok(super::Returned {
+                work: w,
+                message: Some(ret),
+                fanout: None,
+            })
         })
     }
 

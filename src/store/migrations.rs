@@ -3,10 +3,10 @@
 //! does not yet build against rusqlite 0.43, and this is twenty lines.
 
 /// The schema version this build writes.
-pub const LATEST: i64 = 11;
+pub const LATEST: i64 = 12;
 
 /// `STEPS[i]` migrates from version `i` to `i + 1`.
-pub const STEPS: [&str; 11] = [
+pub const STEPS: [&str; 12] = [
     r"
 CREATE TABLE agents (
     id TEXT PRIMARY KEY,
@@ -164,4 +164,7 @@ CREATE INDEX deliveries_recipient_due ON deliveries (recipient, due_at)
     // 10 → 11: artifacts (SPEC §8.2 bounded summaries): the full text of a summary a card
     // carries only in part; and each topic post's hash (`migrate_11`).
     super::artifacts::SCHEMA,
+    // 11 → 12: fan-outs (SPEC §8.2): a piece of work split to several agents, its join rule
+    // and deadline, and which child answered when.
+    super::fanouts::SCHEMA,
 ];

@@ -195,6 +195,9 @@ pub enum Command {
     /// Artifacts: the whole text of a summary its card carries only in part.
     #[command(subcommand)]
     Artifact(ArtifactCmd),
+    /// Fan-outs: one piece of work split to several agents (`send --to A,B,…`).
+    #[command(subcommand)]
+    Fanout(FanoutCmd),
     /// The global trace: every send, state change, write, return, close, publish and spend,
     /// in one order.
     Trace {
@@ -419,10 +422,25 @@ pub enum TaskCmd {
 pub struct SendArgs {
     /// The sending agent.
     pub from: String,
-    /// The receiving agent.
+    /// The receiving agent (with --to, the message).
     pub to: String,
-    /// The message, or - to read it from stdin.
-    pub message: String,
+    /// The message, or - to read it from stdin (with --to, left out).
+    pub message: Option<String>,
+    /// Fan the work out to these agents (comma-separated): one child each, joined into ONE
+    /// combined return (needs --title).
+    #[arg(long = "to", value_name = "A,B,…")]
+    pub fan_to: Option<String>,
+    /// Fan-out: joined when `all` children have returned (the default) or the first K
+    /// (`quorum:K`).
+    #[arg(long, value_name = "all|quorum:K")]
+    pub join: Option<String>,
+    /// Fan-out: joined at the latest this many minutes after the send (fractions allowed,
+    /// at least 0.1), flagged partial when returns are missing.
+    #[arg(long, value_name = "N")]
+    pub deadline_minutes: Option<f64>,
+    /// Fan-out: cancel the children still unanswered when it is joined.
+    #[arg(long)]
+    pub cancel_rest: bool,
     /// Make it work with this title: the recipient accepts and returns it.
     #[arg(long)]
     pub title: Option<String>,
@@ -483,6 +501,21 @@ pub enum TraceFormat {
     Jsonl,
     Otel,
     Mermaid,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum FanoutCmd {
+    /// A fan-out, its join rule and state, and each child's work and answer.
+    Show {
+        /// The fan-out's id, or the id (or a unique prefix) of any of its children.
+        id: String,
+    },
+    /// The fan-outs still waiting for their join.
+    List {
+        /// How many at most (1 to 10000).
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+    },
 }
 
 #[derive(Debug, Subcommand)]

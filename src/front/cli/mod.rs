@@ -232,6 +232,7 @@ pub fn run(cli: &Cli) -> Result<(), Failure> {
             format,
             limit,
         } => trace_cmd(cli, chain.as_deref(), since.as_deref(), *format, *limit),
+        Command::Fanout(c) => fanout_cmd(cli, c),
         Command::Artifact(args::ArtifactCmd::Get { id }) => {
             let a = open(cli)?.artifact_get(id, None)?;
             emit(cli, &a, || a.body.clone());
@@ -261,17 +262,42 @@ fn return_cmd(
     (summary, evidence): (&str, Option<&str>),
     blocked: bool,
 ) -> Result<(), Failure> {
-    let mut s = open(cli)?;
-    let (w, ret) = s.return_work(id, actor, summary, evidence, blocked)?;
-    emit(cli, &json!({"work": w, "return_message": ret}), || {
-        format!(
-            "{} {}; return {} sent to {}",
-            short(&w.id),
-            w.state,
-            short(&ret.id),
-            w.sender
-        )
-    });
+    let r = open(cli)?.return_work(id, actor, summary, evidence, blocked)?;
+    emit(
+        cli,
+        &json!({"work": r.work, "return_message": r.message, "fanout": r.fanout}),
+        || {
+            let work = &r.work;
+            let head = format!("{} {}", short(&work.id), work.state);
+            match (&r.fanout, &r.message) {
+                (Some(fan), Some(msg)) if fan.combined_id.as_ref() == Some(&msg.id) => format!(
+                    "{head}; fan-out {} joined: combined return {} sent to {}",
+                    short(&fan.id),
+                    short(&msg.id),
+                    fan.sender
+                ),
+                (Some(fan), Some(_)) => format!(
+                    "{head} late: fan-out {} was already joined {}; {} is told",
+                    short(&fan.id),
+                    fan.state,
+                    fan.sender
+                ),
+                (Some(fan), None) => format!(
+                    "{head}; fan-out {} waits for its join ({})",
+                    short(&fan.id),
+                    if fan.join_rule == "all" {
+                        format!("all {}", fan.children)
+                    } else {
+                        format!("quorum {} of {}", fan.quorum, fan.children)
+                    }
+                ),
+                (None, Some(msg)) => {
+                    format!("{head}; return {} sent to {}", short(&msg.id), work.sender)
+                }
+                (None, None) => head,
+            }
+        },
+    );
     Ok(())
 }
 
@@ -373,6 +399,136 @@ fn config_cmd(cli: &Cli, key: Option<&str>, value: Option<&str>) -> Result<(), F
     Ok(())
 }
 
+/// A send from inside a supervised turn (its run's `HANDOFFS_REQUEST_ID`) continues that
+/// turn's chain; a person's send starts one, unless --parent names it.
+fn lineage_of(a: &SendArgs) -> crate::service::Lineage {
+    let request_id = std::env::var("HANDOFFS_REQUEST_ID")
+        .ok()
+        .filter(|r| !r.is_empty());
+    crate::service::Lineage {
+        parent: a.parent.clone(),
+        in_turn: request_id.is_some(),
+        request_id,
+        budget: a.budget.clone(),
+        session: None,
+    }
+}
+
+/// `send FROM --to A,B,… MESSAGE --title T [--join …] [--deadline-minutes N]`: a fan-out.
+fn fan_out_cmd(cli: &Cli, a: &SendArgs) -> Result<(), Failure> {
+    let Some(list) = &a.fan_to else {
+        return Err(usage(
+            "--join, --deadline-minutes and --cancel-rest are for a fan-out: name its agents \
+             with --to A,B,…",
+        ));
+    };
+    if a.message.is_some() {
+        return Err(usage(
+            "with --to the agents are named there: give FROM and the message only",
+        ));
+    }
+    let Some(title) = &a.title else {
+        return Err(usage("a fan-out splits work: give it a --title"));
+    };
+    let to: Vec<String> = list.split(',').map(|t| t.trim().to_owned()).collect();
+    let body = message_arg(&a.to)?;
+    let mut s = open(cli)?;
+    let lineage = lineage_of(a);
+    s.set_policy(policy_from_env()?);
+    let done = s.fan_out(&crate::service::FanOut {
+        from: &a.from,
+        to: &to,
+        body: &body,
+        title,
+        join: a.join.as_deref(),
+        deadline_minutes: a.deadline_minutes,
+        cancel_rest: a.cancel_rest,
+        due_minutes: a.due_minutes,
+        key: a.key.as_deref(),
+        lineage: &lineage,
+    })?;
+    emit(cli, &done, || {
+        let kids: Vec<String> = done
+            .children
+            .iter()
+            .map(|c| format!("{} → {}", c.message.id, c.message.recipient))
+            .collect();
+        let f = &done.fanout;
+        let rule = if f.join_rule == "all" {
+            format!("join all {}", f.children)
+        } else {
+            format!("quorum {} of {}", f.quorum, f.children)
+        };
+        let deadline = f
+            .deadline_at
+            .map(|d| format!(", deadline {}", crate::text::when(d)))
+            .unwrap_or_default();
+        let again = if done.created {
+            ""
+        } else {
+            " (already sent with this key)"
+        };
+        format!(
+            "fan-out {} ({rule}{deadline}){again}\n{}",
+            f.id,
+            kids.join("\n")
+        )
+    });
+    Ok(())
+}
+
+fn fanout_cmd(cli: &Cli, c: &args::FanoutCmd) -> Result<(), Failure> {
+    let mut s = open(cli)?;
+    let views = match c {
+        args::FanoutCmd::Show { id } => vec![s.fanout_show(id)?],
+        args::FanoutCmd::List { limit } => {
+            if !(1..=crate::service::LIST_LIMIT_MAX).contains(limit) {
+                return Err(usage("--limit must be 1 to 10000"));
+            }
+            s.fanouts_waiting(*limit)?
+        }
+    };
+    let text = || {
+        let mut out = Vec::new();
+        for v in &views {
+            let f = &v.fanout;
+            out.push(format!(
+                "fan-out {} by {}: {} — {} ({} of {} answered, {} needed){}",
+                f.id,
+                f.sender,
+                f.title,
+                f.state,
+                v.answered,
+                f.children,
+                f.quorum,
+                f.combined_id
+                    .as_ref()
+                    .map(|m| format!("; combined return {}", short(m)))
+                    .unwrap_or_default()
+            ));
+            for k in &v.children {
+                out.push(format!(
+                    "  {} {} {}{}",
+                    short(&k.message_id),
+                    k.recipient,
+                    k.work_state.as_deref().unwrap_or("?"),
+                    if k.late { " (late)" } else { "" }
+                ));
+            }
+        }
+        if out.is_empty() {
+            "no fan-out waits for its join".to_owned()
+        } else {
+            out.join("\n")
+        }
+    };
+    match c {
+        args::FanoutCmd::Show { .. } => emit(cli, &views[0], text),
+        args::FanoutCmd::List { .. } => emit(cli, &views, text),
+    }
+    Ok(())
+}
+
 fn send_cmd(cli: &Cli, a: &SendArgs) -> Result<(), Failure> {
     // The service checks these for every front, naming its API's fields; here they are
     // said in this front's words, its flags.
@@ -390,20 +546,17 @@ fn send_cmd(cli: &Cli, a: &SendArgs) -> Result<(), Failure> {
         }
         _ => {}
     }
-    let body = message_arg(&a.message)?;
-    let mut s = open(cli)?;
-    // A send from inside a supervised turn (its run's `HANDOFFS_REQUEST_ID`) continues that
-    // turn's chain; a person's send starts one, unless --parent names it.
-    let request_id = std::env::var("HANDOFFS_REQUEST_ID")
-        .ok()
-        .filter(|r| !r.is_empty());
-    let lineage = crate::service::Lineage {
-        parent: a.parent.clone(),
-        in_turn: request_id.is_some(),
-        request_id,
-        budget: a.budget.clone(),
-        session: None,
+    let fan_out =
+        a.fan_to.is_some() || a.join.is_some() || a.deadline_minutes.is_some() || a.cancel_rest;
+    if fan_out {
+        return fan_out_cmd(cli, a);
+    }
+    let Some(message) = &a.message else {
+        return Err(usage("give the message (or - to read it from stdin)"));
     };
+    let body = message_arg(message)?;
+    let mut s = open(cli)?;
+    let lineage = lineage_of(a);
     s.set_policy(policy_from_env()?);
     let sent = s.send_as(
         &a.from,

@@ -38,6 +38,33 @@ struct SendArgs {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+struct FanOutArgs {
+    /// The agents to split the work to (1 to 64, each once): each gets its own child work.
+    to: Vec<String>,
+    /// The message each child carries (at most 200,000 characters).
+    message: String,
+    /// The work's title.
+    title: String,
+    /// "all" (the default): joined when every child has returned; "quorum:K": when the
+    /// first K have.
+    join: Option<String>,
+    /// Joined at the latest this many minutes after the send (0.1 to 43,200), flagged
+    /// partial when returns are missing.
+    deadline_minutes: Option<f64>,
+    /// Cancel the children still unanswered when the fan-out is joined.
+    cancel_rest: Option<bool>,
+    /// Minutes until each child's work is due (1–43,200).
+    due_minutes: Option<i64>,
+    /// Idempotency key: repeating a fan-out with the same key returns the first one.
+    key: Option<String>,
+    /// Continue the chain of this message (as send_handoff's parent).
+    parent: Option<String>,
+    /// A new chain's budget, only for a fan-out that starts one (as send_handoff's).
+    budget: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 struct SpendArgs {
     /// What your turn spent, by unit, e.g. {"tokens": 1200, "usd": 0.04} (at most six
     /// decimals).
@@ -617,6 +644,7 @@ fn message_tools() -> Vec<ToolDef> {
             ),
             send_handoff,
         ),
+        fan_out_entry(),
         entry::<InboxArgs>(
             "inbox",
             "Inbox",
@@ -654,17 +682,7 @@ fn message_tools() -> Vec<ToolDef> {
             work(),
             accept_work,
         ),
-        entry::<ReturnArgs>(
-            "return_work",
-            "Return work",
-            Idempotent,
-            "Return work to its sender with a summary (or as blocked).",
-            object(
-                &[("work", of_type("object")), ("return_message_id", string())],
-                &["work", "return_message_id"],
-            ),
-            return_work,
-        ),
+        return_entry(),
         entry::<CloseArgs>(
             "close_work",
             "Close work",
@@ -962,6 +980,103 @@ fn send_handoff(s: &McpServer, me: &str, a: &SendArgs) -> ToolResult {
     Ok(v)
 }
 
+/// `return_work`: for a fan-out's child, the combined return it joined, or none.
+fn return_entry() -> ToolDef {
+    use Kind::Idempotent;
+    entry::<ReturnArgs>(
+        "return_work",
+        "Return work",
+        Idempotent,
+        "Return work to its sender with a summary (or as blocked).",
+        object(
+            &[
+                ("work", of_type("object")),
+                ("return_message_id", maybe("string")),
+                ("fanout", maybe("object")),
+            ],
+            &["work", "return_message_id"],
+        ),
+        return_work,
+    )
+}
+
+/// `fan_out`: one piece of work to several agents, joined into one return.
+fn fan_out_entry() -> ToolDef {
+    use Kind::Write;
+    entry::<FanOutArgs>(
+        "fan_out",
+        "Fan work out",
+        Write,
+        "Split one piece of work to several agents at once (each gets its own work item, a \
+         turn). You get ONE combined return when all of them (join \"all\") or the first K \
+         (\"quorum:K\") have returned, or at the deadline, flagged partial; later returns \
+         are recorded as late and told to you.",
+        object(
+            &[
+                ("fanout_id", string()),
+                ("join", string()),
+                ("deadline_at", maybe("integer")),
+                ("created", of_type("boolean")),
+                (
+                    "children",
+                    array(object(
+                        &[
+                            ("id", string()),
+                            ("to", string()),
+                            ("delivery_state", maybe("string")),
+                        ],
+                        &["id", "to", "delivery_state"],
+                    )),
+                ),
+                ("chain_id", maybe("string")),
+                ("warning", string()),
+            ],
+            &[
+                "fanout_id",
+                "join",
+                "deadline_at",
+                "created",
+                "children",
+                "chain_id",
+            ],
+        ),
+        fan_out,
+    )
+}
+
+fn fan_out(s: &McpServer, me: &str, a: &FanOutArgs) -> ToolResult {
+    let lineage = s.session().lineage(a.parent.clone(), a.budget.clone());
+    let done = s.service().fan_out(&crate::service::FanOut {
+        from: me,
+        to: &a.to,
+        body: &a.message,
+        title: &a.title,
+        join: a.join.as_deref(),
+        deadline_minutes: a.deadline_minutes,
+        cancel_rest: a.cancel_rest.unwrap_or(false),
+        due_minutes: a.due_minutes,
+        key: a.key.as_deref(),
+        lineage: &lineage,
+    })?;
+    let f = &done.fanout;
+    let mut v = json!({
+        "fanout_id": f.id,
+        "join": if f.join_rule == "all" { "all".to_owned() } else { format!("quorum:{}", f.quorum) },
+        "deadline_at": f.deadline_at,
+        "created": done.created,
+        "children": done.children.iter().map(|c| json!({
+            "id": c.message.id,
+            "to": c.message.recipient,
+            "delivery_state": c.delivery_state,
+        })).collect::<Vec<_>>(),
+        "chain_id": done.children.first().map(|c| c.message.chain_id.clone()),
+    });
+    if let Some(w) = s.engine_warning() {
+        v["warning"] = json!(w);
+    }
+    Ok(v)
+}
+
 fn spend_budget(s: &McpServer, me: &str, a: &SpendArgs) -> ToolResult {
     if a.units.is_empty() {
         return Err(ToolError(
@@ -1018,14 +1133,18 @@ fn read_message(s: &McpServer, me: &str, a: &IdArgs) -> ToolResult {
 }
 
 fn return_work(s: &McpServer, me: &str, a: &ReturnArgs) -> ToolResult {
-    let (w, ret) = s.service().return_work(
+    let r = s.service().return_work(
         &a.id,
         me,
         &a.summary,
         a.evidence.as_deref(),
         a.blocked.unwrap_or(false),
     )?;
-    Ok(json!({ "work": w, "return_message_id": ret.id }))
+    Ok(json!({
+        "work": r.work,
+        "return_message_id": r.message.map(|m| m.id),
+        "fanout": r.fanout,
+    }))
 }
 
 fn close_work(s: &McpServer, me: &str, a: &CloseArgs) -> ToolResult {

@@ -171,6 +171,12 @@ pub(super) fn status_json(b: &Board, public: bool) -> Value {
             "subscribers": t.subscribers, "keep_count": t.keep_count,
             "keep_minutes": t.keep_minutes,
         })).collect::<Vec<_>>(),
+        "fanouts": b.fanouts.iter().map(|v| { let f = &v.fanout; json!({
+            "id": f.id, "sender": f.sender, "title": f.title, "join": f.join_rule,
+            "quorum": f.quorum, "children": f.children, "answered": v.answered,
+            "deadline_at": f.deadline_at, "created_at": f.created_at,
+            "waiting_on": v.children.iter().filter(|c| c.answered_at.is_none()).map(|c| c.recipient.as_str()).collect::<Vec<_>>(),
+        })}).collect::<Vec<_>>(),
         "dead_letters": {
             "counts": b.dead_counts.iter().map(|(r, n)| (r.clone(), json!(n))).collect::<serde_json::Map<_, _>>(),
             "newest": b.dead_letters.iter().map(|d| json!({
@@ -217,6 +223,13 @@ pub(super) fn metrics_text(b: &Board) -> String {
         "# HELP handoffs_topic_publishes_total Posts published on topics, over all topics.\n\
          # TYPE handoffs_topic_publishes_total counter\nhandoffs_topic_publishes_total {}\n",
         b.publishes
+    ));
+    m.push_str(&format!(
+        "# HELP handoffs_fanout_joins_total Fan-outs joined, complete or partial (their deadline cut them).\n\
+         # TYPE handoffs_fanout_joins_total counter\n\
+         handoffs_fanout_joins_total{{result=\"complete\"}} {}\n\
+         handoffs_fanout_joins_total{{result=\"partial\"}} {}\n",
+        b.joins.0, b.joins.1
     ));
     m.push_str(&format!(
         "# HELP handoffs_open_work Work not yet closed.\n# TYPE handoffs_open_work gauge\nhandoffs_open_work {}\n",

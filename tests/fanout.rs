@@ -1,0 +1,431 @@
+//! Fan-out (SPEC §8.2), as real processes: one piece of work split to several agents in one
+//! transaction, joined once into ONE combined return when all (or the first K) of its
+//! children have returned, or at its deadline (flagged partial); later returns recorded as
+//! late and told to the sender; the rest cancelled on request; two returns at the same
+//! moment from two processes join it exactly once, in 100 of 100 runs.
+
+mod common;
+
+use common::World;
+use serde_json::Value;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+fn with_agents(ids: &[&str]) -> World {
+    let w = World::new();
+    for id in ids {
+        w.ok(&["agent", "add", id, "--provider", "demo"]);
+    }
+    w
+}
+
+/// `send lead --to TO MESSAGE --title T EXTRA… --json`, asserted to succeed.
+fn fan_out(w: &World, to: &str, title: &str, extra: &[&str]) -> Value {
+    let mut args = vec![
+        "send",
+        "lead",
+        "--to",
+        to,
+        "check the diff",
+        "--title",
+        title,
+    ];
+    args.extend_from_slice(extra);
+    w.json(&args)
+}
+
+/// Each child's message id, by recipient, in the order given.
+fn children(f: &Value) -> Vec<(String, String)> {
+    f["children"]
+        .as_array()
+        .expect("children is an array")
+        .iter()
+        .map(|c| {
+            (
+                c["message"]["recipient"].as_str().unwrap().to_owned(),
+                c["message"]["id"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+fn child(f: &Value, to: &str) -> String {
+    children(f)
+        .into_iter()
+        .find(|(r, _)| r == to)
+        .unwrap_or_else(|| panic!("no child for {to}: {f:#}"))
+        .1
+}
+
+fn ret(w: &World, id: &str, actor: &str, summary: &str) -> Value {
+    w.json(&["return", id, "--as", actor, "--summary", summary])
+}
+
+/// The lead's inbox (all of it), as (title, intent, body).
+fn lead_inbox(w: &World) -> Vec<(String, String, String)> {
+    w.json(&["inbox", "lead", "--all", "--limit", "1000"])
+        .as_array()
+        .expect("the inbox is an array")
+        .iter()
+        .map(|m| {
+            (
+                m["title"].as_str().unwrap_or("").to_owned(),
+                m["intent"].as_str().unwrap().to_owned(),
+                m["body"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+fn show(w: &World, id: &str) -> Value {
+    w.json(&["fanout", "show", id])
+}
+
+#[test]
+fn the_first_k_returns_join_it_once_and_stragglers_are_recorded_late() {
+    let w = with_agents(&["lead", "a", "b", "c"]);
+    let f = fan_out(&w, "a,b,c", "Review PR 12", &["--join", "quorum:2"]);
+    assert_eq!(f["created"], true);
+    assert_eq!(f["fanout"]["state"], "waiting");
+    assert_eq!(f["fanout"]["quorum"], 2);
+    let kids = children(&f);
+    assert_eq!(
+        kids.iter().map(|(r, _)| r.as_str()).collect::<Vec<_>>(),
+        ["a", "b", "c"]
+    );
+    // One chain: the later children sit beside the first.
+    let chain = f["children"][0]["message"]["chain_id"].clone();
+    for c in f["children"].as_array().unwrap() {
+        assert_eq!(c["message"]["chain_id"], chain, "one chain: {f:#}");
+        assert_eq!(c["message"]["kind"], "work");
+        assert_eq!(c["delivery_state"], "WAITING", "each child is a delivery");
+    }
+
+    let r = ret(&w, &child(&f, "a"), "a", "LGTM from a");
+    assert_eq!(r["fanout"]["state"], "waiting", "1 of the 2 needed: {r:#}");
+    assert!(r["return_message"].is_null(), "no return of its own: {r:#}");
+    assert!(
+        lead_inbox(&w).is_empty(),
+        "nothing reaches the lead before the join: {:?}",
+        lead_inbox(&w)
+    );
+
+    let r = ret(&w, &child(&f, "b"), "b", "one nit from b");
+    assert_eq!(r["fanout"]["state"], "complete", "{r:#}");
+    let combined = r["return_message"]["id"].as_str().unwrap().to_owned();
+    assert_eq!(r["fanout"]["combined_id"], combined.as_str());
+    assert_eq!(
+        r["return_message"]["intent"], "handoff",
+        "a turn for the lead"
+    );
+    assert_eq!(r["return_message"]["recipient"], "lead");
+    let body = r["return_message"]["body"].as_str().unwrap();
+    assert!(body.contains("2 of 3 answered"), "{body}");
+    assert!(
+        body.contains("LGTM from a") && body.contains("one nit from b"),
+        "{body}"
+    );
+    assert!(body.contains("Not answered: c"), "{body}");
+
+    // The straggler: recorded, told to the lead as a notification, never combined again.
+    let r = ret(&w, &child(&f, "c"), "c", "late thoughts from c");
+    assert_eq!(r["work"]["state"], "returned");
+    assert_eq!(r["work"]["summary"], "late thoughts from c");
+    assert_eq!(r["return_message"]["intent"], "notification", "{r:#}");
+    assert_eq!(r["fanout"]["combined_id"], combined.as_str());
+    let again = w.run(&["return", &child(&f, "c"), "--as", "c", "--summary", "again"]);
+    assert_eq!(again.status.code(), Some(1), "a second return is refused");
+
+    let inbox = lead_inbox(&w);
+    let joined: Vec<_> = inbox
+        .iter()
+        .filter(|(t, ..)| t.starts_with("joined"))
+        .collect();
+    assert_eq!(joined.len(), 1, "one combined return: {inbox:?}");
+    assert_eq!(joined[0].0, "joined (2/3): Review PR 12");
+    let late: Vec<_> = inbox
+        .iter()
+        .filter(|(t, i, _)| t == "returned late: Review PR 12" && i == "notification")
+        .collect();
+    assert_eq!(late.len(), 1, "the late return is told once: {inbox:?}");
+    assert!(late[0].2.contains("late thoughts from c"));
+    assert_eq!(inbox.len(), 2, "nothing else: {inbox:?}");
+
+    let v = show(&w, &child(&f, "c"));
+    assert_eq!(v["fanout"]["state"], "complete");
+    assert_eq!(v["answered"], 2);
+    let late: Vec<bool> = v["children"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["late"].as_bool().unwrap())
+        .collect();
+    assert_eq!(late, [false, false, true], "{v:#}");
+
+    // The combined return is an ordinary delivery: the engine carries it, once.
+    w.ok(&["tick"]);
+    let states = w.states();
+    assert!(
+        states.contains_key(&combined),
+        "the combined return is enrolled: {states:?}"
+    );
+}
+
+#[test]
+fn a_deadline_with_no_returns_joins_a_flagged_empty_combination() {
+    let w = with_agents(&["lead"]);
+    // Demo agents whose turns outlast the test: nobody returns.
+    for id in ["a", "b"] {
+        w.ok(&[
+            "agent",
+            "add",
+            id,
+            "--provider",
+            "demo",
+            "--set",
+            "turn_seconds=80000",
+        ]);
+    }
+    // The engine waits 30 s between looks unless something is due: it must keep the
+    // deadline itself.
+    let log = std::fs::File::create(w.dir.path().join("engine.log")).unwrap();
+    let _engine = common::Engine(
+        w.cmd()
+            .args(["run", "--interval", "30"])
+            .env("HANDOFFS_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let f = fan_out(&w, "a,b", "Survey", &["--deadline-minutes", "0.1"]);
+    let sent = Instant::now();
+    let id = f["fanout"]["id"].as_str().unwrap().to_owned();
+    let partial = loop {
+        let found: Vec<_> = lead_inbox(&w)
+            .into_iter()
+            .filter(|(t, ..)| t.starts_with("partial"))
+            .collect();
+        if !found.is_empty() {
+            break found;
+        }
+        assert!(
+            sent.elapsed() < Duration::from_secs(20),
+            "fan-out: no partial join 20 s after a 6 s deadline: {:#}",
+            show(&w, &id)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let took = sent.elapsed();
+    assert!(
+        took >= Duration::from_secs(5),
+        "joined before its deadline: {took:?}"
+    );
+    assert_eq!(partial.len(), 1, "{partial:?}");
+    let (title, intent, body) = &partial[0];
+    assert_eq!(title, "partial (0/2): Survey");
+    assert_eq!(intent, "handoff");
+    assert!(
+        body.contains("PARTIAL") && body.contains("0 of 2 answered"),
+        "{body}"
+    );
+    assert!(
+        body.contains("Not answered: a (") && body.contains(", b ("),
+        "{body}"
+    );
+    let v = show(&w, &id);
+    assert_eq!(v["fanout"]["state"], "partial");
+    assert_eq!(v["answered"], 0);
+    // A return after it: late, kept, told.
+    let r = ret(&w, &child(&f, "a"), "a", "sorry, late");
+    assert_eq!(r["return_message"]["intent"], "notification", "{r:#}");
+    assert!(show(&w, &id)["children"][0]["late"].as_bool().unwrap());
+}
+
+#[test]
+fn cancel_rest_cancels_the_children_still_unanswered_at_the_join() {
+    let w = with_agents(&["lead", "a", "b"]);
+    let f = fan_out(
+        &w,
+        "a,b",
+        "Find the bug",
+        &["--join", "quorum:1", "--cancel-rest"],
+    );
+    let r = ret(&w, &child(&f, "a"), "a", "found it");
+    assert_eq!(r["fanout"]["state"], "complete");
+    let bs = child(&f, "b");
+    let states = w.states();
+    assert_eq!(states[&bs], "CANCELLED", "b's pending delivery: {states:?}");
+    let v = show(&w, &bs);
+    assert_eq!(v["children"][1]["work_state"], "closed");
+    let told = w.json(&["inbox", "b", "--limit", "100"]);
+    let told: Vec<&Value> = told
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["title"] == "cancelled: Find the bug")
+        .collect();
+    assert_eq!(told.len(), 1, "b is told once");
+    assert_eq!(told[0]["intent"], "notification");
+    // b answers anyway: recorded late, not lost.
+    let r = ret(&w, &bs, "b", "also found it");
+    assert_eq!(r["work"]["state"], "closed");
+    assert_eq!(r["work"]["summary"], "also found it");
+    assert_eq!(r["return_message"]["intent"], "notification");
+}
+
+#[test]
+fn a_fan_out_is_refused_whole_when_one_child_cannot_be_sent() {
+    let w = with_agents(&["lead", "a", "b"]);
+    w.ok(&["config", "connections", "explicit"]);
+    w.ok(&["allow", "lead", "a"]);
+    let out = w.run(&["send", "lead", "--to", "a,b", "x", "--title", "t", "--json"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("lead → b is not allowed"), "{err}");
+    assert!(
+        w.json(&["inbox", "a", "--all"])
+            .as_array()
+            .unwrap()
+            .is_empty(),
+        "nothing written for a either"
+    );
+    assert!(w.json(&["fanout", "list"]).as_array().unwrap().is_empty());
+    // Bad input: one line, exit 2.
+    for (args, says) in [
+        (
+            vec!["send", "lead", "--to", "a,a", "x", "--title", "t"],
+            "named twice",
+        ),
+        (
+            vec!["send", "lead", "--to", "a,b", "x"],
+            "give it a --title",
+        ),
+        (
+            vec![
+                "send", "lead", "--to", "a,b", "x", "--title", "t", "--join", "quorum:3",
+            ],
+            "quorum:3 is not a number of children from 1 to 2",
+        ),
+        (
+            vec![
+                "send", "lead", "--to", "a,b", "x", "--title", "t", "--join", "most",
+            ],
+            "unknown join",
+        ),
+        (
+            vec![
+                "send",
+                "lead",
+                "--to",
+                "a,b",
+                "x",
+                "--title",
+                "t",
+                "--deadline-minutes",
+                "0",
+            ],
+            "the deadline must be",
+        ),
+        (
+            vec!["send", "lead", "--to", "a,b", "x", "y", "--title", "t"],
+            "give FROM and the message only",
+        ),
+        (vec!["send", "lead", "a", "x", "--join", "all"], "--to A,B"),
+    ] {
+        let out = w.run(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn a_repeated_key_returns_the_first_fan_out() {
+    let w = with_agents(&["lead", "a", "b"]);
+    let first = fan_out(&w, "a,b", "t", &["--key", "k1"]);
+    let again = fan_out(&w, "a,b", "t", &["--key", "k1"]);
+    assert_eq!(again["created"], false);
+    assert_eq!(again["fanout"]["id"], first["fanout"]["id"]);
+    let other = w.run(&[
+        "send",
+        "lead",
+        "--to",
+        "b,a",
+        "check the diff",
+        "--title",
+        "t",
+        "--key",
+        "k1",
+    ]);
+    assert_eq!(other.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&other.stderr).contains("already used for a different fan-out")
+    );
+    assert_eq!(w.json(&["inbox", "a"]).as_array().unwrap().len(), 1);
+}
+
+/// Two children return at the same moment from two processes; the join happens exactly
+/// once (quorum:1 — both returns would join it; all — only the later may). 100 runs.
+#[test]
+fn two_returns_at_the_same_moment_join_it_exactly_once_in_100_runs() {
+    let w = with_agents(&["lead", "a", "b"]);
+    let mut joins = 0;
+    for run in 0..100 {
+        let join = if run % 2 == 0 { "quorum:1" } else { "all" };
+        let f = fan_out(&w, "a,b", &format!("race {run}"), &["--join", join]);
+        let spawn = |who: &str| {
+            w.cmd()
+                .args([
+                    "--json",
+                    "return",
+                    &child(&f, who),
+                    "--as",
+                    who,
+                    "--summary",
+                ])
+                .arg(format!("{who} in run {run}"))
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        };
+        let (pa, pb) = (spawn("a"), spawn("b"));
+        let outs = [
+            pa.wait_with_output().unwrap(),
+            pb.wait_with_output().unwrap(),
+        ];
+        let mut combined = Vec::new();
+        for o in &outs {
+            assert!(
+                o.status.success(),
+                "run {run}: a return failed: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+            if let Some(m) = v["return_message"].as_object()
+                && m["intent"] == "handoff"
+            {
+                combined.push(m["id"].as_str().unwrap().to_owned());
+            }
+        }
+        let v = show(&w, &child(&f, "a"));
+        let title = format!("race {run}");
+        let in_inbox = lead_inbox(&w)
+            .into_iter()
+            .filter(|(t, i, _)| i == "handoff" && t.ends_with(&format!("): {title}")))
+            .count();
+        assert!(
+            combined.len() == 1 && in_inbox == 1,
+            "fan-out: run {run} ({join}) joined {} times ({in_inbox} combined returns in the \
+             lead's inbox): {v:#}",
+            combined.len()
+        );
+        assert_eq!(v["fanout"]["state"], "complete");
+        assert_eq!(v["fanout"]["combined_id"], combined[0].as_str());
+        joins += 1;
+    }
+    assert_eq!(joins, 100);
+}
