@@ -465,6 +465,7 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
     let stop = Arc::new(AtomicBool::new(false));
     let holds: Arc<Mutex<Vec<oracle::HoldRow>>> = Arc::default();
     let published: Arc<Mutex<Vec<oracle::TopicPostRow>>> = Arc::default();
+    let fans: Arc<Mutex<Fans>> = Arc::default();
     let unconnected: Unconnected = Arc::default();
 
     let w = World {
@@ -479,6 +480,7 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
         sent: &sent,
         holds: &holds,
         published: &published,
+        fans: &fans,
         unconnected: &unconnected,
         handoffs: plan.handoffs,
     };
@@ -509,23 +511,7 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
         virtual_time,
     )?;
     facts.reregistered = reregistered;
-    {
-        let wire = unconnected
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        facts.unconnected_writes.clone_from(&wire.unconnected);
-        facts.posted.clone_from(&wire.posted);
-    }
-    facts.holds.clone_from(
-        &holds
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner),
-    );
-    facts.topic_posts.clone_from(
-        &published
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner),
-    );
+    observed_by_world(&mut facts, &w);
     let mut verdicts = oracle::judge(&facts, SETTLE_LIMIT);
     let mut ran = oracle::Verdict {
         key: "sim",
@@ -573,8 +559,47 @@ struct World<'a> {
     sent: &'a Arc<Mutex<Vec<Sent>>>,
     holds: &'a Arc<Mutex<Vec<oracle::HoldRow>>>,
     published: &'a Arc<Mutex<Vec<oracle::TopicPostRow>>>,
+    fans: &'a Arc<Mutex<Fans>>,
     unconnected: &'a Unconnected,
     handoffs: usize,
+}
+
+/// The fan-outs the driver sent and when it returned each piece of work (its own record).
+#[derive(Default)]
+struct Fans {
+    sent: Vec<oracle::FanoutRow>,
+    returns: BTreeMap<String, Duration>,
+}
+
+/// What the world itself recorded as the run went (the network, the person, the driver),
+/// into the oracle's facts.
+fn observed_by_world(facts: &mut oracle::Run, w: &World<'_>) {
+    {
+        let wire = w
+            .unconnected
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        facts.unconnected_writes.clone_from(&wire.unconnected);
+        facts.posted.clone_from(&wire.posted);
+    }
+    facts.holds.clone_from(
+        &w.holds
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
+    facts.topic_posts.clone_from(
+        &w.published
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
+    {
+        let fans = w
+            .fans
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        facts.fanouts.clone_from(&fans.sent);
+        facts.returns.clone_from(&fans.returns);
+    }
 }
 
 /// The simulated network: the status page, the agents' hosts (and the spare), the engine,
@@ -636,6 +661,7 @@ fn world(w: &World<'_>) -> sim::turmoil::Sim<'static> {
         let sent = w.sent.clone();
         let holds = w.holds.clone();
         let published = w.published.clone();
+        let fans = w.fans.clone();
         let handoffs = w.handoffs;
         let seed = w.seed;
         let policy = w.policy.clone();
@@ -644,6 +670,7 @@ fn world(w: &World<'_>) -> sim::turmoil::Sim<'static> {
                 trace: &trace,
                 sent: &sent,
                 published: &published,
+                fans: &fans,
                 holds: &holds,
                 stop: &stop,
                 policy: &policy,
@@ -1017,6 +1044,8 @@ struct Person<'a> {
     sent: &'a Mutex<Vec<Sent>>,
     /// The posts the driver published, with who subscribed as each was.
     published: &'a Mutex<Vec<oracle::TopicPostRow>>,
+    /// The fan-outs it sent and the work it returned.
+    fans: &'a Mutex<Fans>,
     holds: &'a Mutex<Vec<oracle::HoldRow>>,
     stop: &'a AtomicBool,
     /// The engine's policy: a planted bug of the service's (a chain's cancel) is the
@@ -1150,6 +1179,9 @@ async fn driver(
     // broadcast), from a stream of its own; the topic keeps few posts, so retention works.
     let mut topics = ChaCha8Rng::seed_from_u64(seed ^ 0x70b1);
     svc.topic_create(TOPIC, Some(4), None, None)?;
+    // Now and then a sender splits work to several agents (SPEC §8.2 fan-out), from a
+    // stream of its own.
+    let mut fan_rng = ChaCha8Rng::seed_from_u64(seed ^ 0xfa9);
     let mut subscribers: BTreeSet<String> = BTreeSet::new();
     let mut ids: Vec<String> = Vec::new();
     let mut received: Vec<(usize, String)> = Vec::new();
@@ -1217,6 +1249,7 @@ async fn driver(
         }
         maybe_cancel(&mut svc, &ids, &mut cancels, trace);
         maybe_publish(&mut svc, names, &mut topics, &mut subscribers, person);
+        maybe_fan_out(&mut svc, names, &mut fan_rng, person);
     }
     while !stop.load(Ordering::SeqCst) {
         tokio::time::sleep(Duration::from_secs(60)).await;
@@ -1224,7 +1257,7 @@ async fn driver(
             break;
         }
         holds_due(&mut svc, names, &mut planned, person)?;
-        tend(&mut svc, names, &mut rng, &mut returned, trace)?;
+        tend(&mut svc, names, &mut rng, &mut returned, person)?;
         cancel_under_way(&mut svc, &mut cancels, trace)?;
     }
     Ok(())
@@ -1232,6 +1265,104 @@ async fn driver(
 
 /// The topic the simulated agents publish on.
 const TOPIC: &str = "news";
+
+/// Now and then a sender splits a piece of work to two or three others, joined on all or a
+/// quorum, with a deadline of a few minutes or none: the oracle's `fanouts` check judges
+/// each join against the driver's own record of the returns.
+fn maybe_fan_out(svc: &mut Service, names: &[String], rng: &mut ChaCha8Rng, person: &Person<'_>) {
+    if names.len() < 3 || !rng.random_bool(0.12) {
+        return;
+    }
+    let from = rng.random_range(0..names.len());
+    let n = rng.random_range(2..=names.len().min(4) - 1);
+    let mut to: Vec<String> = (1..names.len())
+        .map(|k| names[(from + k) % names.len()].clone())
+        .collect();
+    while to.len() > n {
+        to.remove(rng.random_range(0..to.len()));
+    }
+    let quorum = rng.random_range(1..=n);
+    let join = if quorum == n {
+        "all".to_owned()
+    } else {
+        format!("quorum:{quorum}")
+    };
+    let deadline = rng
+        .random_bool(0.7)
+        .then(|| f64::from(rng.random_range(2_u32..=8)));
+    let at = sim::turmoil::elapsed();
+    let title = format!(
+        "fan {}",
+        person
+            .fans
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .sent
+            .len()
+    );
+    let hosts: Vec<String> = to
+        .iter()
+        .map(|t| {
+            svc.agent(t)
+                .ok()
+                .flatten()
+                .map(|a| registered_host(&a.settings))
+                .unwrap_or_default()
+        })
+        .collect();
+    let lineage = crate::service::Lineage::default();
+    match svc.fan_out(&crate::service::FanOut {
+        from: &names[from],
+        to: &to,
+        body: "split work",
+        title: &title,
+        join: Some(&join),
+        deadline_minutes: deadline,
+        cancel_rest: rng.random_bool(0.3),
+        due_minutes: None,
+        key: None,
+        lineage: &lineage,
+    }) {
+        Ok(done) => {
+            note(
+                person.trace,
+                "driver",
+                format!(
+                    "{} fans out {} to {} ({join}{})",
+                    names[from],
+                    short(&done.fanout.id),
+                    to.join(", "),
+                    deadline
+                        .map(|m| format!(", deadline {m} min"))
+                        .unwrap_or_default()
+                ),
+            );
+            let children: Vec<String> =
+                done.children.iter().map(|c| c.message.id.clone()).collect();
+            person
+                .sent
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .extend(done.children.iter().zip(&hosts).map(|(c, host)| Sent {
+                    id: c.message.id.clone(),
+                    host: host.clone(),
+                }));
+            person
+                .fans
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .sent
+                .push(oracle::FanoutRow {
+                    id: done.fanout.id.clone(),
+                    chain: done.children[0].message.chain_id.clone(),
+                    children,
+                    quorum,
+                    deadline: deadline.map(|m| at + Duration::from_secs_f64(m * 60.0)),
+                });
+        }
+        Err(e) => note(person.trace, "driver", format!("fan-out refused: {e}")),
+    }
+}
 
 /// Now and then an agent subscribes to the topic or leaves it, and one publishes on it: the
 /// oracle's `topics` check compares each post's notifications with who subscribed as it was
@@ -1335,8 +1466,9 @@ fn tend(
     names: &[String],
     rng: &mut ChaCha8Rng,
     returned: &mut Vec<(String, String)>,
-    trace: &Trace,
+    person: &Person<'_>,
 ) -> Result<(), Box<dyn std::error::Error>> {
+    let trace = person.trace;
     // Recipients read some of the plain handoffs that reached them; senders close some
     // of the work returned to them.
     for name in names {
@@ -1374,6 +1506,13 @@ fn tend(
         let _ = svc.accept(&id, &recipient);
         match svc.return_work(&id, &recipient, "done (simulated)", None, false) {
             Ok(_) => {
+                person
+                    .fans
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .returns
+                    .entry(id.clone())
+                    .or_insert_with(sim::turmoil::elapsed);
                 note(
                     trace,
                     "driver",
@@ -1859,7 +1998,52 @@ fn gather(
         end,
         topic_posts: Vec::new(),
         topic_notices: topic_notices(c)?,
+        fanouts: Vec::new(),
+        returns: BTreeMap::new(),
+        combined: combined(c)?,
     })
+}
+
+/// Every combined return of a fan-out in the store: the first child it answers, when it
+/// was made, and what its title says (`joined (K/N): …` or `partial (K/N): …`).
+fn combined(c: &rusqlite::Connection) -> Result<Vec<oracle::CombinedRow>, String> {
+    let err = |e: rusqlite::Error| e.to_string();
+    let mut st = c
+        .prepare(
+            "SELECT id, parent_id, created_at, title FROM messages
+             WHERE sender = 'handoffs' AND kind = 'return' AND intent = 'handoff'
+             ORDER BY seq",
+        )
+        .map_err(err)?;
+    let rows = st
+        .query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, Option<String>>(1)?,
+                r.get::<_, i64>(2)?,
+                r.get::<_, Option<String>>(3)?,
+            ))
+        })
+        .and_then(Iterator::collect::<rusqlite::Result<Vec<_>>>)
+        .map_err(err)?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, parent, at, title)| {
+            let title = title.unwrap_or_default();
+            let answered = title
+                .split_once('(')
+                .and_then(|(_, rest)| rest.split_once('/'))
+                .and_then(|(k, _)| k.parse().ok())
+                .unwrap_or(usize::MAX);
+            oracle::CombinedRow {
+                id,
+                first_child: parent.unwrap_or_default(),
+                at: virtual_at(at),
+                partial: title.starts_with("partial"),
+                answered,
+            }
+        })
+        .collect())
 }
 
 /// Every topic notification in an inbox: its title, its recipient, and whether it got a

@@ -121,6 +121,12 @@ fn a_sweep_catches_a_publish_that_misses_a_subscriber() {
 
 #[cfg(feature = "planted-bugs")]
 #[test]
+fn a_sweep_catches_a_fan_out_deadline_that_never_joins() {
+    caught_within("deadline_never_joins", "fanouts", 10);
+}
+
+#[cfg(feature = "planted-bugs")]
+#[test]
 fn a_sweep_catches_a_cancel_that_lets_a_reserved_write_go_out() {
     caught_within("cancel_marks_reserved", "chains", 20);
 }

@@ -227,6 +227,9 @@ pub enum PlantedBug {
     /// A publish tells every subscriber but the last (by id) of its topic (breaks "a publish
     /// reaches each subscriber once"; service-level).
     PublishMissesSubscriber,
+    /// A fan-out's deadline passes without its partial join: the sender waits for ever
+    /// (breaks "joined at the deadline"; service-level, in the engine's housekeeping).
+    DeadlineNeverJoins,
 }
 
 #[cfg(test)]

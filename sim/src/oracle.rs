@@ -109,6 +109,30 @@ pub struct TopicPostRow {
     pub subscribers: BTreeSet<String>,
 }
 
+/// A fan-out the driver sent (SPEC §8.2), as the driver recorded it.
+#[derive(Clone, Debug)]
+pub struct FanoutRow {
+    pub id: String,
+    /// Its children's work messages, the first first.
+    pub children: Vec<String>,
+    pub quorum: usize,
+    pub deadline: Option<Duration>,
+    /// The chain its children are in.
+    pub chain: String,
+}
+
+/// A combined return the store holds (a message from `handoffs`, kind `return`, intent
+/// `handoff`): the first child it answers, when it was made, and what its title says.
+#[derive(Clone, Debug)]
+pub struct CombinedRow {
+    pub id: String,
+    pub first_child: String,
+    pub at: Duration,
+    pub partial: bool,
+    /// The answers it combines, from its title (`joined (K/N): …`).
+    pub answered: usize,
+}
+
 /// Everything a run leaves for the oracle.
 /// A while a person held deliveries back: sending paused (`pair` None), or the connection
 /// from one agent to another blocked.
@@ -188,6 +212,12 @@ pub struct Run {
     pub topic_posts: Vec<TopicPostRow>,
     /// Every topic notification in an inbox: (title, recipient, whether it got a delivery).
     pub topic_notices: Vec<(String, String, bool)>,
+    /// The fan-outs the driver sent (SPEC §8.2 fan-out).
+    pub fanouts: Vec<FanoutRow>,
+    /// When the driver returned each piece of work it returned (its own record).
+    pub returns: BTreeMap<String, Duration>,
+    /// Every combined return in the store.
+    pub combined: Vec<CombinedRow>,
 }
 
 /// One guarantee's verdict.
@@ -867,6 +897,7 @@ pub fn judge(run: &Run, settle_bound: Duration) -> Vec<Verdict> {
         budgets(run),
         dead(run),
         topics(run),
+        fanouts(run),
     ]
 }
 
@@ -921,6 +952,115 @@ pub fn topics(run: &Run) -> Verdict {
                     p.title
                 ));
             }
+        }
+    }
+    v
+}
+
+/// SPEC §8.2 fan-out: each fan-out is joined at most once, into one combined return; once
+/// its K-th child returned (the driver's record), or its deadline passed, it is joined (with
+/// the housekeeping's lag, as a reminder is), unless its chain was cancelled first; a
+/// complete join combines at least K answers and comes no sooner than the K-th; a partial
+/// one fewer, and no sooner than the deadline; and the answers it counts are the returns the
+/// agents made before it.
+pub fn fanouts(run: &Run) -> Verdict {
+    let mut v = Verdict::new(
+        "fanouts",
+        "a fan-out joins once, at K returns or its deadline",
+    );
+    for f in &run.fanouts {
+        let Some(first) = f.children.first() else {
+            continue;
+        };
+        let combos: Vec<&CombinedRow> = run
+            .combined
+            .iter()
+            .filter(|c| &c.first_child == first)
+            .collect();
+        if combos.len() > 1 {
+            v.violations.push(format!(
+                "fan-out {} joined {} times",
+                short(&f.id),
+                combos.len()
+            ));
+        }
+        let mut rets: Vec<Duration> = f
+            .children
+            .iter()
+            .filter_map(|c| run.returns.get(c).copied())
+            .collect();
+        rets.sort();
+        let kth = rets.get(f.quorum.saturating_sub(1)).copied();
+        let due = match (kth, f.deadline) {
+            (Some(k), Some(d)) => Some(k.min(d)),
+            (k, d) => k.or(d),
+        };
+        let cancel = run.chain_cancels.get(&f.chain).copied();
+        let joined = !combos.is_empty();
+        match (due, cancel) {
+            (Some(due), Some(c)) if c + TICK < due && joined => {
+                v.violations.push(format!(
+                    "fan-out {} was joined though its chain was cancelled at {} before \
+                     anything was due",
+                    short(&f.id),
+                    hms(c)
+                ));
+            }
+            (Some(due), c)
+                if !joined
+                    && c.is_none_or(|c| c > due + REMINDER_LAG)
+                    && due + REMINDER_LAG < run.end =>
+            {
+                v.violations.push(format!(
+                    "fan-out {} was never joined, though it was due at {} ({})",
+                    short(&f.id),
+                    hms(due),
+                    if kth == Some(due) {
+                        format!("its {}th return", f.quorum)
+                    } else {
+                        "its deadline".to_owned()
+                    }
+                ));
+            }
+            _ => {}
+        }
+        let Some(c) = combos.first() else {
+            continue;
+        };
+        v.exercised += 1;
+        let lo = rets.iter().filter(|t| **t + TICK < c.at).count();
+        let hi = rets.iter().filter(|t| **t <= c.at + TICK).count();
+        if !(lo..=hi).contains(&c.answered) {
+            v.violations.push(format!(
+                "fan-out {}'s combined return counts {} answers; the agents returned {lo} to \
+                 {hi} before it",
+                short(&f.id),
+                c.answered
+            ));
+        }
+        if c.partial {
+            if c.answered >= f.quorum {
+                v.violations.push(format!(
+                    "fan-out {} was joined partial with {} of the {} answers it needs",
+                    short(&f.id),
+                    c.answered,
+                    f.quorum
+                ));
+            }
+            if f.deadline.is_none_or(|d| c.at + TICK < d) {
+                v.violations.push(format!(
+                    "fan-out {} was joined partial at {}, before its deadline",
+                    short(&f.id),
+                    hms(c.at)
+                ));
+            }
+        } else if c.answered < f.quorum {
+            v.violations.push(format!(
+                "fan-out {} was joined complete with {} of the {} answers it needs",
+                short(&f.id),
+                c.answered,
+                f.quorum
+            ));
         }
     }
     v
@@ -1378,5 +1518,73 @@ mod tests {
                 "chain c1 spent 1000.5 tokens, past its limit of 1000",
             ],
         );
+    }
+}
+
+#[cfg(test)]
+mod fanout_tests {
+    use super::{CombinedRow, FanoutRow, Run, fanouts};
+    use std::time::Duration;
+
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
+    /// A quorum-1 fan-out to two children with a deadline at 600 s; child `c1` returned at
+    /// 100 s (the driver's record).
+    fn run_with(combined: Vec<CombinedRow>) -> Run {
+        Run {
+            fanouts: vec![FanoutRow {
+                id: "f1".to_owned(),
+                children: vec!["c1".to_owned(), "c2".to_owned()],
+                quorum: 1,
+                deadline: Some(secs(600)),
+                chain: "c1".to_owned(),
+            }],
+            returns: [("c1".to_owned(), secs(100))].into(),
+            combined,
+            end: secs(3_600),
+            ..Run::default()
+        }
+    }
+
+    fn joined(at: u64, partial: bool, answered: usize) -> CombinedRow {
+        CombinedRow {
+            id: format!("m{at}"),
+            first_child: "c1".to_owned(),
+            at: secs(at),
+            partial,
+            answered,
+        }
+    }
+
+    #[test]
+    fn a_join_at_the_quorum_passes_and_every_wrong_join_is_named() {
+        let v = fanouts(&run_with(vec![joined(100, false, 1)]));
+        assert!(v.ok(), "{:?}", v.violations);
+        assert_eq!(v.exercised, 1);
+        let cases = [
+            (
+                vec![joined(100, false, 1), joined(101, false, 1)],
+                "joined 2 times",
+            ),
+            (
+                vec![],
+                "was never joined, though it was due at 0:01:40.000 (its 1th return)",
+            ),
+            (
+                vec![joined(50, false, 1)],
+                "counts 1 answers; the agents returned 0 to 0",
+            ),
+            (vec![joined(100, true, 0)], "before its deadline"),
+        ];
+        for (combined, says) in cases {
+            let v = fanouts(&run_with(combined));
+            assert!(
+                v.violations.iter().any(|m| m.contains(says)),
+                "{says}: {:?}",
+                v.violations
+            );
+        }
     }
 }

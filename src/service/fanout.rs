@@ -639,6 +639,9 @@ fn join(
 /// how many it joined.
 pub(super) fn join_past_deadline(tx: &Tx<'_>, own: &model::Policy, now: Millis) -> Result<usize> {
     let mut joined = 0;
+    if own.planted(model::PlantedBug::DeadlineNeverJoins) {
+        return Ok(0);
+    }
     for mut f in tx.fanouts_past_deadline(millis(now), 100)? {
         let first = tx.fanout_children(&f.id)?.into_iter().next();
         if let Some(c) = first
