@@ -12,6 +12,9 @@
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
+mod corpus;
+pub use corpus::{Entry, Put, Rule};
+
 use crate::service::ServiceError;
 
 pub const TITLE_MAX: usize = 200;
@@ -261,7 +264,12 @@ fn now_rfc3339() -> String {
 
 /// Writes `text` to `path` through a temporary file and a rename, so a reader never sees half.
 fn write_atomic(path: &Path, text: &str) -> std::io::Result<()> {
-    let tmp = path.with_extension(format!("md.tmp{}", std::process::id()));
+    // Unique per write: two writers (even threads of one process) never share one.
+    let tmp = path.with_extension(format!(
+        "md.tmp{}-{}",
+        std::process::id(),
+        &crate::clock::new_id()[..8]
+    ));
     std::fs::write(&tmp, text)?;
     std::fs::rename(&tmp, path)
 }

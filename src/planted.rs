@@ -49,10 +49,13 @@ pub enum Plant {
     /// A fan-out child's return decides the join from the fan-out as a transaction before
     /// its own read it (two returns at the same moment both join it).
     StaleJoin,
+    /// A corpus write reads its entry under the library's lock, then merges and writes it
+    /// after letting go of it (concurrent writers lose each other's updates).
+    CorpusUnlocked,
 }
 
 impl Plant {
-    pub const ALL: [Plant; 17] = [
+    pub const ALL: [Plant; 18] = [
         Plant::EnrolAfterCommit,
         Plant::NoSyncBeforeWrite,
         Plant::ResumeBesideLive,
@@ -70,6 +73,7 @@ impl Plant {
         Plant::McpDropsBadParams,
         Plant::HoldBatchWhileWaiting,
         Plant::StaleJoin,
+        Plant::CorpusUnlocked,
     ];
 
     /// Its name in `HANDOFFS_PLANT`.
@@ -92,6 +96,7 @@ impl Plant {
             Plant::McpDropsBadParams => "mcp_drops_bad_params",
             Plant::HoldBatchWhileWaiting => "hold_batch_while_waiting",
             Plant::StaleJoin => "stale_join",
+            Plant::CorpusUnlocked => "corpus_unlocked",
         }
     }
 }

@@ -267,6 +267,7 @@ async fn every_tool_answers_bad_input_with_a_tool_error() {
                     "list_agents",
                     "list_topics",
                     "context_status",
+                    "context_keys",
                     "inbox",
                     "list_handoffs",
                     "handoff_status",
@@ -925,6 +926,39 @@ async fn every_result_matches_its_tools_output_schema() {
         "context_status",
         &call(&alice, "context_status", json!({})).await,
     );
+    // The shared corpus: a keyed entry, its version, a stale write refused.
+    let bob_lib = connect(server(&w, "bob", &root, Some(&lib))).await;
+    let put = check(
+        "context_put",
+        &call(&alice, "context_put", json!({"key": "plan", "value": "v1"})).await,
+    );
+    assert_eq!(put["entry"]["version"], 1, "{put}");
+    assert_eq!(put["entry"]["writer"], "alice", "{put}");
+    let got = ok(&call(&bob_lib, "context_get", json!({"key": "plan"})).await);
+    assert_eq!(got["entry"]["value"], "v1", "{got}");
+    ok(&call(
+        &bob_lib,
+        "context_put",
+        json!({"key": "plan", "value": "v2", "version": 1}),
+    )
+    .await);
+    let stale = err_text(
+        &call(
+            &alice,
+            "context_put",
+            json!({"key": "plan", "value": "v3", "version": 1}),
+        )
+        .await,
+    );
+    assert!(
+        stale.contains("conflict: key \\\"plan\\\" is at version 2, written by bob"),
+        "{stale}"
+    );
+    let keys = check(
+        "context_keys",
+        &call(&alice, "context_keys", json!({})).await,
+    );
+    assert_eq!(keys["entries"][0]["key"], "plan", "{keys}");
     // Topics: alice subscribes, bob publishes as himself (no argument names anyone else),
     // alice is told once in her inbox and reads the post from her cursor.
     w.ok(&["topic", "create", "news"]);

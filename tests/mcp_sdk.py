@@ -70,16 +70,17 @@ HANDOFF_TOOLS = [
 ]
 CONTEXT_TOOLS = [
     "context_brief", "context_search", "context_get", "context_record", "context_supersede",
-    "context_status",
+    "context_status", "context_put", "context_keys",
 ]
 READ_ONLY = {"inbox", "list_agents", "handoff_status", "show_handoff", "list_handoffs", "list_topics", "get_artifact"}
-CONTEXT_READ_ONLY = {"context_brief", "context_search", "context_get", "context_status"}
+CONTEXT_READ_ONLY = {"context_brief", "context_search", "context_get", "context_status", "context_keys"}
 WRITES = {
     "send_handoff", "accept_work", "return_work", "close_work", "create_handoff", "claim_handoff",
-    "renew_handoff", "pass_handoff", "complete_handoff", "context_record", "context_supersede",
+    "renew_handoff", "pass_handoff", "complete_handoff", "context_record", "context_supersede", "context_put",
     "cancel_chain", "spend_budget", "publish", "read_topic", "fan_out",
 }
 
+ONE_OF_REQUIRED = {"context_get"}
 CALL_TIMEOUT = 10.0  # seconds, per tool call
 CHECK_TIMEOUT = 40.0  # seconds, per check
 
@@ -622,10 +623,12 @@ async def check_bad_input(env: Env) -> None:
             schema = t.input_schema or {}
             props: dict[str, Any] = schema.get("properties") or {}
             required = set(schema.get("required") or [])
+            # context_get takes one of id or key: neither is required, but one must be given.
+            needs = bool(required) or t.name in ONE_OF_REQUIRED
             base = {k: sample(v) for k, v in props.items()}
             cases: list[tuple[str, dict[str, Any] | None, bool | None]] = [
-                ("no arguments", None, bool(required)),
-                ("empty arguments", {}, bool(required)),
+                ("no arguments", None, needs),
+                ("empty arguments", {}, needs),
             ]
             for k, v in props.items():
                 ty = first_type(v)
@@ -674,7 +677,7 @@ async def check_context(env: Env) -> None:
         missing = [n for n in HANDOFF_TOOLS + CONTEXT_TOOLS if n not in tools]
         wrong_ro = [n for n in CONTEXT_READ_ONLY if n in tools and
                     (tools[n].annotations is None or tools[n].annotations.read_only_hint is not True)]
-        report("context: tools/list adds the six context tools (read-only where they read)",
+        report("context: tools/list adds the eight context tools (read-only where they read)",
                not missing and not wrong_ro, f"missing {missing}; not readOnly {wrong_ro}")
 
         r = await call(alice, "context_record", {"title": f"Fixture layout {tag}",

@@ -141,6 +141,31 @@ struct InboxArgs {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+struct ContextGetArgs {
+    /// A record's id (or its file, relative to the library).
+    id: Option<String>,
+    /// A keyed entry of the shared corpus (instead of id): a copy with its version.
+    key: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct ContextPutArgs {
+    /// The entry's key (1 to 200 characters on one line).
+    key: String,
+    /// What to write: a string (lww), a string or an array of strings to add (set), a
+    /// number (max), or a string to append (log).
+    value: Value,
+    /// A new entry's merge rule: "lww" (the default: last writer wins), "set" (union),
+    /// "max", or "log" (append-only); an existing entry keeps its own.
+    rule: Option<String>,
+    /// lww only: the version you read (context_get); a write on a stale version is refused
+    /// as a conflict instead of overwriting.
+    version: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 struct IdArgs {
     /// A message id, or a unique prefix of at least 6 characters.
     id: String,
@@ -887,13 +912,56 @@ fn context_entries() -> Vec<ToolDef> {
                 Ok(json!({ "hits": hits }))
             },
         ),
-        entry::<IdArgs>(
+        entry::<ContextGetArgs>(
             "context_get",
-            "Get a memory record",
+            "Get a memory record or corpus entry",
             Read,
-            "One record in full.",
-            record(),
-            |s, _, a| Ok(json!({ "record": s.library()?.get(&a.id)? })),
+            "One record in full (id), or a copy of a keyed corpus entry with its version (key).",
+            object(
+                &[("record", of_type("object")), ("entry", of_type("object"))],
+                &[],
+            ),
+            |s, _, a| match (&a.id, &a.key) {
+                (Some(id), None) => Ok(json!({ "record": s.library()?.get(id)? })),
+                (None, Some(key)) => Ok(json!({ "entry": s.library()?.corpus_get(key)? })),
+                _ => Err(ToolError(
+                    "give either id (a record) or key (a corpus entry)".to_owned(),
+                )),
+            },
+        ),
+        entry::<ContextPutArgs>(
+            "context_put",
+            "Write a corpus entry",
+            Write,
+            "Write a keyed entry of the shared corpus, merged by its rule (lww, set, max, log); \
+             concurrent writers never lose an update, and a lww write on a stale version is \
+             refused as a conflict.",
+            object(
+                &[
+                    ("entry", of_type("object")),
+                    ("changed", of_type("boolean")),
+                ],
+                &["entry", "changed"],
+            ),
+            |s, me, a| {
+                let rule = a
+                    .rule
+                    .as_deref()
+                    .map(str::parse::<crate::context::Rule>)
+                    .transpose()?;
+                let put = s
+                    .library()?
+                    .corpus_put(me, &a.key, &a.value, rule, a.version)?;
+                Ok(serde_json::to_value(&put).unwrap_or_default())
+            },
+        ),
+        entry::<NoArgs>(
+            "context_keys",
+            "List corpus entries",
+            Read,
+            "Every keyed entry of the shared corpus: key, rule, version, last writer.",
+            object(&[("entries", array(of_type("object")))], &["entries"]),
+            |s, _, _| Ok(json!({ "entries": s.library()?.corpus_list()? })),
         ),
         entry::<RecordArgs>(
             "context_record",
