@@ -97,3 +97,114 @@ fn bad_artifact_ids_and_caps_fail_with_one_line() {
         assert!(!err.contains("panicked"), "{err}");
     }
 }
+
+/// A task pass tells the next agent with a card that carries the pass summary within the
+/// cap; the whole summary is an artifact (and stays in the ledger's brief).
+#[test]
+fn a_pass_summary_reaches_its_card_capped_and_whole_as_an_artifact() {
+    let w = World::new();
+    for a in ["alice", "bob"] {
+        w.ok(&["agent", "add", a, "--provider", "demo"]);
+    }
+    let root = w.dir.path().join("project");
+    std::fs::create_dir_all(root.join(".git")).unwrap();
+    let run = |args: &[&str]| -> serde_json::Value {
+        let out = w
+            .cmd()
+            .current_dir(&root)
+            .arg("--json")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let t = run(&[
+        "task", "create", "--as", "alice", "--title", "Port", "--goal", "g",
+    ]);
+    let task = t["id"]
+        .as_str()
+        .or(t["task"]["id"].as_str())
+        .unwrap()
+        .to_owned();
+    let claimed = run(&["task", "claim", &task, "--as", "alice"]);
+    let token = claimed["lease"]["token"].as_str().unwrap().to_owned();
+    let summary = format!("{}{}", "p".repeat(2_000), "ü".repeat(1_500));
+    let passed = run(&[
+        "task",
+        "pass",
+        &task,
+        "--as",
+        "alice",
+        "--token",
+        &token,
+        "--summary",
+        &summary,
+        "--next",
+        "review it",
+        "--to",
+        "bob",
+    ]);
+    let id = passed["notice"]["message_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no message: {passed}"))
+        .to_owned();
+    let m = w.json(&["read", &id, "--as", "bob"]);
+    let body = m["body"]
+        .as_str()
+        .or(m["message"]["body"].as_str())
+        .unwrap();
+    let (shown, marker) = body
+        .split_once("\n[… cut: ")
+        .unwrap_or_else(|| panic!("no marker in the pass card: {body}"));
+    let shown = shown
+        .split("Summary of the pass:\n")
+        .nth(1)
+        .expect("the card shows the summary");
+    assert!(shown.len() <= 2_048, "{} bytes shown", shown.len());
+    assert!(summary.starts_with(shown));
+    let artifact = marker
+        .split("handoffs artifact get ")
+        .nth(1)
+        .and_then(|r| r.split('`').next())
+        .expect("the artifact's id");
+    assert_eq!(w.ok(&["artifact", "get", artifact]).trim_end(), summary);
+}
+
+/// A fan-out's combined return is capped too: its answers together past the cap are cut,
+/// and the whole combination is an artifact.
+#[test]
+fn a_fan_out_combination_is_capped_and_whole_as_an_artifact() {
+    let w = World::new();
+    for a in ["lead", "a", "b"] {
+        w.ok(&["agent", "add", a, "--provider", "demo"]);
+    }
+    w.ok(&["config", "summaryCap", "256"]);
+    let f = w.json(&["send", "lead", "--to", "a,b", "look", "--title", "look"]);
+    let mut last = serde_json::Value::Null;
+    for (i, who) in ["a", "b"].iter().enumerate() {
+        let child = f["children"][i]["message"]["id"].as_str().unwrap();
+        last = w.json(&[
+            "return",
+            child,
+            "--as",
+            who,
+            "--summary",
+            &"x".repeat(1_000),
+        ]);
+    }
+    let body = last["return_message"]["body"].as_str().unwrap();
+    let (shown, marker) = body.split_once("\n[… cut: ").expect("cut");
+    assert!(shown.len() <= 256, "{} bytes shown", shown.len());
+    let artifact = marker
+        .split("handoffs artifact get ")
+        .nth(1)
+        .and_then(|r| r.split('`').next())
+        .expect("the artifact's id");
+    let whole = w.ok(&["artifact", "get", artifact]);
+    assert_eq!(whole.matches(&"x".repeat(1_000)).count(), 2, "{whole}");
+}

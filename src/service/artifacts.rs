@@ -60,6 +60,19 @@ pub(super) fn bounded(
 }
 
 impl Service {
+    /// `text` as a card from `sender` to `recipient` may carry it ([`bounded`]), the whole
+    /// kept as an artifact (in a transaction of its own) when it is cut.
+    pub fn bounded_text(
+        &mut self,
+        text: &str,
+        kind: &str,
+        between: (&str, &str),
+    ) -> Result<String> {
+        let now = super::millis(self.now());
+        self.store
+            .write(|tx| Ok(bounded(tx, text, kind, between, now)?.0))
+    }
+
     /// The artifact `id`; `as_agent` (an MCP session's agent) must be its card's sender or
     /// recipient. A person on the CLI reads any.
     pub fn artifact_get(&mut self, id: &str, as_agent: Option<&str>) -> Result<ArtifactRow> {

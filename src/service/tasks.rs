@@ -81,9 +81,16 @@ fn notify(service: &mut Service, me: &str, passed: &Passed, p: &Pass<'_>) -> Val
         return json!("queued for yourself; no message sent");
     }
     let id = &passed.task.id;
+    // The pass summary rides on the card within the summary cap (SPEC §8.2); the whole of it
+    // is kept as an artifact, and in the ledger's brief.
+    let summary = match service.bounded_text(p.summary, "pass", (me, p.target)) {
+        Ok(s) => s,
+        Err(e) => format!("(not shown: {e}; `handoffs task show {id}` has it)"),
+    };
     let text = format!(
         "Task {id} ({}) is queued for you in the shared ledger. Next action: {}\n\
-         Claim it (claim_handoff, or `handoffs task claim {id}`) before you change the workspace.",
+         Claim it (claim_handoff, or `handoffs task claim {id}`) before you change the workspace.\n\n\
+         Summary of the pass:\n{summary}",
         passed.task.title, p.next_action
     );
     // One key per pass (the count of handoffs only grows): a send repeated for the same pass
