@@ -903,3 +903,28 @@ fn more_bad_publishes_and_reads_fail_with_usage_errors() {
         .unwrap();
     assert_eq!(body.len(), 200_000);
 }
+
+/// A topic's subscribers are bounded (a publish tells each in one transaction): past the
+/// configured most, a subscribe is refused with one line, and leaving makes room again.
+#[test]
+fn a_topic_takes_no_more_subscribers_than_its_most() {
+    let w = World::new();
+    for a in ["s1", "s2", "s3"] {
+        w.ok(&["agent", "add", a, "--provider", "demo"]);
+    }
+    w.ok(&["topic", "create", "busy"]);
+    w.ok(&["config", "topicSubscribersMax", "2"]);
+    topic(&w, &["subscribe", "busy", "s1"]);
+    topic(&w, &["subscribe", "busy", "s2"]);
+    let refused = fails(&w, &["topic", "subscribe", "busy", "s3"], 1);
+    assert!(
+        refused.contains("topic busy has 2 subscribers, its most"),
+        "{refused}"
+    );
+    // Subscribing again is no new subscriber.
+    assert_eq!(topic(&w, &["subscribe", "busy", "s2"])["new"], false);
+    topic(&w, &["unsubscribe", "busy", "s1"]);
+    assert_eq!(topic(&w, &["subscribe", "busy", "s3"])["new"], true);
+    let bad = fails(&w, &["config", "topicSubscribersMax", "0"], 2);
+    assert!(bad.contains("from 1 to 10000"), "{bad}");
+}

@@ -2,7 +2,7 @@
 
 use super::{Millis, Result, Service, ServiceError, Value, json, millis, usage};
 
-const CONFIG_KEYS: [&str; 7] = [
+const CONFIG_KEYS: [&str; 8] = [
     "enabled",
     "enabledAfter",
     "connections",
@@ -10,6 +10,7 @@ const CONFIG_KEYS: [&str; 7] = [
     "chainHopBudget",
     "chainDepthLimit",
     "summaryCap",
+    "topicSubscribersMax",
 ];
 
 /// A new chain's hop budget and depth limit unless configured (SPEC §8.2).
@@ -35,6 +36,7 @@ fn config_default(key: &str) -> Value {
         "chainHopBudget" => json!(HOP_BUDGET_DEFAULT),
         "chainDepthLimit" => json!(DEPTH_LIMIT_DEFAULT),
         "summaryCap" => json!(super::artifacts::SUMMARY_CAP_DEFAULT),
+        "topicSubscribersMax" => json!(super::topics::SUBSCRIBERS_DEFAULT),
         _ => Value::Null,
     }
 }
@@ -94,6 +96,19 @@ fn parse_config_value(key: &str, raw: &str, now: Millis) -> Result<Value> {
                 .ok_or_else(|| {
                     ServiceError::Usage(format!(
                         "summaryCap takes a number of bytes from {SUMMARY_CAP_MIN} to {SUMMARY_CAP_MAX}"
+                    ))
+                })
+        }
+        "topicSubscribersMax" => {
+            use super::topics::SUBSCRIBERS_MAX;
+            raw.trim()
+                .parse::<i64>()
+                .ok()
+                .filter(|n| (1..=SUBSCRIBERS_MAX).contains(n))
+                .map(|n| json!(n))
+                .ok_or_else(|| {
+                    ServiceError::Usage(format!(
+                        "topicSubscribersMax takes a number from 1 to {SUBSCRIBERS_MAX}"
                     ))
                 })
         }

@@ -18,6 +18,9 @@ pub const KEEP_MINUTES_DEFAULT: i64 = 7 * 24 * 60;
 pub const KEEP_MINUTES_MAX: i64 = 365 * 24 * 60;
 /// How many posts one read returns at most.
 pub const READ_LIMIT_MAX: i64 = 1_000;
+/// How many subscribers a topic may have unless configured, and at most.
+pub const SUBSCRIBERS_DEFAULT: i64 = 1_000;
+pub const SUBSCRIBERS_MAX: i64 = 10_000;
 
 /// A topic as `topic list` shows it.
 #[derive(Clone, Debug, Serialize)]
@@ -225,6 +228,19 @@ impl Service {
                     cursor: s.cursor,
                     new: false,
                 });
+            }
+            // A publish writes one notification per subscriber in one transaction: the
+            // number of subscribers is bounded (`config topicSubscribersMax`).
+            let most = tx
+                .config("topicSubscribersMax")?
+                .and_then(|v| v.as_i64())
+                .unwrap_or(SUBSCRIBERS_DEFAULT);
+            let now_subscribed = i64::try_from(tx.subscribers(name)?.len()).unwrap_or(i64::MAX);
+            if now_subscribed >= most {
+                return refused(format!(
+                    "topic {name} has {now_subscribed} subscribers, its most \
+                     (`handoffs config topicSubscribersMax N` raises it)"
+                ));
             }
             let cursor = if history {
                 tx.retained_posts(name, kept_since(t.keep_minutes, now))?

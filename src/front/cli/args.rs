@@ -49,16 +49,17 @@ pub enum Command {
         to: String,
     },
     /// Show or set configuration: enabled, enabledAfter, connections, outageGuard,
-    /// chainHopBudget, chainDepthLimit, summaryCap.
+    /// chainHopBudget, chainDepthLimit, summaryCap, topicSubscribersMax.
     Config {
         /// enabled, enabledAfter, connections, outageGuard, chainHopBudget,
-        /// chainDepthLimit or summaryCap; none: show them all.
+        /// chainDepthLimit, summaryCap or topicSubscribersMax; none: show them all.
         key: Option<String>,
         /// The new value: true/false; a time or `now`; open/explicit; null,
         /// {"preset": NAME} (openai, openai-codex, codex, anthropic, anthropic-claude-code,
         /// claude-code, github) or {"url": …, "components": […]}; a new chain's hop budget
         /// (0 to 100000, default 16) or depth limit (0 to 1000, default 8); how many bytes of a
-        /// summary a card carries (256 to 65536, default 2048). None: show the key.
+        /// summary a card carries (256 to 65536, default 2048); how many subscribers a topic
+        /// may have (1 to 10000, default 1000). None: show the key.
         value: Option<String>,
     },
     /// Send a handoff (with --title: work) from one agent to another.
