@@ -13,7 +13,7 @@ use serde::Serialize;
 use std::path::{Path, PathBuf};
 
 mod corpus;
-pub use corpus::{Entry, Put, Rule};
+pub use corpus::{Entry, Put, Rule, value_from_text};
 
 use crate::service::ServiceError;
 

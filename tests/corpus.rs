@@ -200,3 +200,119 @@ fn eight_processes_writing_at_once_lose_no_update() {
     );
     assert_eq!(got[3]["version"], 1);
 }
+
+/// The same corpus from the command line: put, get, keys; a stale write and bad input are
+/// one line each, with the right exit code.
+#[test]
+fn the_cli_writes_and_reads_the_same_corpus() {
+    let w = common::World::new();
+    let lib = w.dir.path().join("memory");
+    let libs = lib.to_str().unwrap();
+    w.ok(&[
+        "context",
+        "put",
+        "seen",
+        "a",
+        "b",
+        "--rule",
+        "set",
+        "--as",
+        "alice",
+        "--library",
+        libs,
+    ]);
+    let p = w.json(&[
+        "context",
+        "put",
+        "seen",
+        "b",
+        "c",
+        "--as",
+        "bob",
+        "--library",
+        libs,
+    ]);
+    assert_eq!(
+        (&p["changed"], &p["entry"]["version"]),
+        (&json!(true), &json!(2))
+    );
+    let e = w.json(&["context", "get", "seen", "--library", libs]);
+    assert_eq!(e["value"], json!(["a", "b", "c"]));
+    assert_eq!(e["writer"], "bob");
+    w.ok(&[
+        "context",
+        "put",
+        "best",
+        "3",
+        "--rule",
+        "max",
+        "--as",
+        "a",
+        "--library",
+        libs,
+    ]);
+    w.ok(&[
+        "context",
+        "put",
+        "best",
+        "2.5",
+        "--as",
+        "b",
+        "--library",
+        libs,
+    ]);
+    assert_eq!(
+        w.json(&["context", "get", "best", "--library", libs])["value"],
+        3
+    );
+    w.ok(&[
+        "context",
+        "put",
+        "plan",
+        "v1",
+        "--as",
+        "a",
+        "--library",
+        libs,
+    ]);
+    let stale = w.run(&[
+        "context",
+        "put",
+        "plan",
+        "v2",
+        "--version",
+        "0",
+        "--as",
+        "b",
+        "--library",
+        libs,
+    ]);
+    assert_eq!(stale.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&stale.stderr).contains("conflict: key \"plan\" is at version 1")
+    );
+    let keys = w.json(&["context", "keys", "--library", libs]);
+    let names: Vec<&str> = keys
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["best", "plan", "seen"]);
+    for (args, code) in [
+        (
+            vec!["context", "put", "k", "x", "--rule", "union", "--as", "a"],
+            2,
+        ),
+        (vec!["context", "put", "best", "high", "--as", "a"], 2),
+        (vec!["context", "put", "plan", "x", "y", "--as", "a"], 2),
+        (vec!["context", "get", "nothing"], 1),
+    ] {
+        let mut all = args.clone();
+        all.extend(["--library", libs]);
+        let out = w.run(&all);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{all:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{all:?}: {err}");
+    }
+}

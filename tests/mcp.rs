@@ -1105,6 +1105,32 @@ async fn every_result_matches_its_tools_output_schema() {
         .filter(|m| m["title"] == "joined (1/2): review")
         .collect();
     assert_eq!(joined.len(), 1, "one combined return: {inbox}");
+    // The fan-out's chain as a diagram, for an agent that took part in it; nobody else.
+    let traced = check(
+        "trace_chain",
+        &call(&bob, "trace_chain", json!({"id": kids[0]["id"]})).await,
+    );
+    let diagram = traced["text"].as_str().expect("text");
+    assert!(
+        diagram.starts_with("sequenceDiagram")
+            && diagram.contains(" as bob")
+            && diagram.contains(": review ("),
+        "{diagram}"
+    );
+    let jsonl = ok(&call(
+        &alice,
+        "trace_chain",
+        json!({"id": kids[0]["id"], "format": "jsonl"}),
+    )
+    .await);
+    assert!(jsonl["events"].as_i64().unwrap() > 3, "{jsonl}");
+    w.ok(&["agent", "add", "dave", "--provider", "demo"]);
+    let dave = connect(server(&w, "dave", &root, None)).await;
+    let outsider = err_text(&call(&dave, "trace_chain", json!({"id": kids[0]["id"]})).await);
+    assert!(
+        outsider.contains("dave took no part in the chain"),
+        "{outsider}"
+    );
     let listed: std::collections::BTreeSet<String> = alice
         .list_all_tools()
         .await

@@ -226,7 +226,44 @@ fn entry_of(text: &str) -> Option<Entry> {
     })
 }
 
+/// A value given as text (the CLI's words) for an entry merged by `rule`: one text (`lww`,
+/// `log`), one number (`max`), or members (`set`).
+pub fn value_from_text(rule: Rule, values: &[String]) -> Result<Value> {
+    match (rule, values) {
+        (Rule::Set, many) => Ok(Value::from(many.to_vec())),
+        (Rule::Max, [one]) => one
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|n| n.is_finite())
+            .and_then(|n| {
+                // Whole numbers stay integers, as a JSON writer gave them.
+                one.trim()
+                    .parse::<i64>()
+                    .map(Value::from)
+                    .ok()
+                    .or_else(|| serde_json::Number::from_f64(n).map(Value::Number))
+            })
+            .ok_or_else(|| ServiceError::Usage(format!("{one:?} is not a number (max)"))),
+        (Rule::Lww | Rule::Log, [one]) => Ok(Value::from(one.as_str())),
+        (rule, _) => usage(format!(
+            "a {} entry takes one value (only a set takes several)",
+            rule.as_str()
+        )),
+    }
+}
+
 impl Library {
+    /// The rule a write to `key` merges by: the entry's own, else `given`, else `lww`.
+    pub fn corpus_rule(&self, key: &str, given: Option<Rule>) -> Result<Rule> {
+        check_key(key)?;
+        Ok(self
+            .read_entry(key)?
+            .map(|e| e.rule)
+            .or(given)
+            .unwrap_or(Rule::Lww))
+    }
+
     fn corpus_dir(&self) -> PathBuf {
         self.dir.join(".corpus")
     }

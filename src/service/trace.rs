@@ -40,6 +40,36 @@ impl Service {
     }
 }
 
+impl Service {
+    /// The trace of the chain of message `given`, for `agent` (an MCP session's): only a
+    /// chain it took part in (it sent or received one of its messages).
+    pub fn trace_for(&mut self, agent: &str, given: &str, limit: i64) -> Result<Vec<TraceRow>> {
+        super::check_agent_id(agent)?;
+        let id = self.resolve(IdTable::Messages, given)?;
+        let part = self.store.read(|tx| {
+            let m = tx
+                .message(&id)?
+                .ok_or_else(|| ServiceError::NotFound(format!("no message {given:?}")))?;
+            let chain = if m.chain_id.is_empty() {
+                m.id
+            } else {
+                m.chain_id
+            };
+            Ok::<_, ServiceError>(
+                tx.chain_messages(&chain)?
+                    .iter()
+                    .any(|c| c.sender == agent || c.recipient == agent),
+            )
+        })?;
+        if !part {
+            return super::refused(format!(
+                "{agent} took no part in the chain of {given}: an agent traces only its own chains"
+            ));
+        }
+        self.trace(Some(&id), None, limit)
+    }
+}
+
 /// One JSON object per line, in the trace's order.
 pub fn jsonl(rows: &[TraceRow]) -> String {
     rows.iter()

@@ -193,6 +193,10 @@ pub enum Command {
     /// each subscriber reads on from its own cursor, or replays from a retained position.
     #[command(subcommand)]
     Topic(TopicCmd),
+    /// The shared corpus of a context library: keyed entries, each merged by its rule
+    /// (lww, set, max, log), so writers at once never lose an update.
+    #[command(subcommand)]
+    Context(ContextCmd),
     /// Artifacts: the whole text of a summary its card carries only in part.
     #[command(subcommand)]
     Artifact(ArtifactCmd),
@@ -502,6 +506,44 @@ pub enum TraceFormat {
     Jsonl,
     Otel,
     Mermaid,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ContextCmd {
+    /// A copy of an entry, with its version, rule and last writer.
+    Get {
+        /// The entry's key.
+        key: String,
+        /// The context library's folder (as `mcp --context-library`).
+        #[arg(long, value_name = "DIR")]
+        library: PathBuf,
+    },
+    /// Write an entry, merged by its rule: lww (the text; with --version, the version read),
+    /// set (each VALUE a member), max (a number), log (an entry appended).
+    Put {
+        /// The entry's key.
+        key: String,
+        /// The value: one text (lww, log), one number (max), or members (set).
+        #[arg(required = true)]
+        values: Vec<String>,
+        #[command(flatten)]
+        actor: Actor,
+        /// A new entry's rule: lww (default), set, max or log.
+        #[arg(long)]
+        rule: Option<String>,
+        /// lww only: the version read; a stale one is refused as a conflict.
+        #[arg(long)]
+        version: Option<u64>,
+        /// The context library's folder (as `mcp --context-library`).
+        #[arg(long, value_name = "DIR")]
+        library: PathBuf,
+    },
+    /// Every entry: key, rule, version, last writer.
+    Keys {
+        /// The context library's folder (as `mcp --context-library`).
+        #[arg(long, value_name = "DIR")]
+        library: PathBuf,
+    },
 }
 
 #[derive(Debug, Subcommand)]

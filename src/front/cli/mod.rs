@@ -233,6 +233,7 @@ pub fn run(cli: &Cli) -> Result<(), Failure> {
             limit,
         } => trace_cmd(cli, chain.as_deref(), since.as_deref(), *format, *limit),
         Command::Fanout(c) => fanout_cmd(cli, c),
+        Command::Context(c) => context_cmd(cli, c),
         Command::Artifact(args::ArtifactCmd::Get { id }) => {
             let a = open(cli)?.artifact_get(id, None)?;
             emit(cli, &a, || a.body.clone());
@@ -474,6 +475,67 @@ fn fan_out_cmd(cli: &Cli, a: &SendArgs) -> Result<(), Failure> {
             kids.join("\n")
         )
     });
+    Ok(())
+}
+
+/// `context get|put|keys`: the shared corpus of a context library.
+fn context_cmd(cli: &Cli, c: &args::ContextCmd) -> Result<(), Failure> {
+    use crate::context::{Library, Rule};
+    match c {
+        args::ContextCmd::Get { key, library } => {
+            let e = Library::open(library)?.corpus_get(key)?;
+            emit(cli, &e, || {
+                format!(
+                    "{} ({}, version {}, by {} at {})\n{}",
+                    e.key,
+                    e.rule.as_str(),
+                    e.version,
+                    e.writer,
+                    e.updated,
+                    serde_json::to_string_pretty(&e.value).unwrap_or_default()
+                )
+            });
+        }
+        args::ContextCmd::Put {
+            key,
+            values,
+            actor,
+            rule,
+            version,
+            library,
+        } => {
+            crate::service::check_agent_id(&actor.as_agent)?;
+            let lib = Library::open(library)?;
+            let given = rule.as_deref().map(str::parse::<Rule>).transpose()?;
+            let value = crate::context::value_from_text(lib.corpus_rule(key, given)?, values)?;
+            let put = lib.corpus_put(&actor.as_agent, key, &value, given, *version)?;
+            emit(cli, &put, || {
+                format!(
+                    "{} version {}{}",
+                    put.entry.key,
+                    put.entry.version,
+                    if put.changed { "" } else { " (unchanged)" }
+                )
+            });
+        }
+        args::ContextCmd::Keys { library } => {
+            let keys = Library::open(library)?.corpus_list()?;
+            emit(cli, &keys, || {
+                keys.iter()
+                    .map(|e| {
+                        format!(
+                            "{}\t{}\tversion {}\tby {}",
+                            e.key,
+                            e.rule.as_str(),
+                            e.version,
+                            e.writer
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            });
+        }
+    }
     Ok(())
 }
 

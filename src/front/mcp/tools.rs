@@ -141,6 +141,19 @@ struct InboxArgs {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+struct TraceArgs {
+    /// Any message of the chain (one you sent or received, or of a chain you took part
+    /// in): its id or a unique prefix of at least 6 characters.
+    id: String,
+    /// "mermaid" (the default: a sequence diagram), "jsonl" (one JSON object per event) or
+    /// "otel" (OTLP/JSON spans).
+    format: Option<String>,
+    /// How many events at most (1 to 100,000; default 10,000).
+    limit: Option<i64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 struct ContextGetArgs {
     /// A record's id (or its file, relative to the library).
     id: Option<String>,
@@ -670,6 +683,7 @@ fn message_tools() -> Vec<ToolDef> {
             send_handoff,
         ),
         fan_out_entry(),
+        trace_entry(),
         entry::<InboxArgs>(
             "inbox",
             "Inbox",
@@ -1068,6 +1082,27 @@ fn return_entry() -> ToolDef {
     )
 }
 
+/// `trace_chain`: the trace of a chain the agent took part in.
+fn trace_entry() -> ToolDef {
+    entry::<TraceArgs>(
+        "trace_chain",
+        "Trace a chain",
+        Kind::Read,
+        "Every send, state change, write, return, close and spend of a chain you took part \
+         in, in one order: a Mermaid sequence diagram, JSON lines, or OTLP/JSON spans.",
+        object(
+            &[
+                ("chain_id", maybe("string")),
+                ("events", of_type("integer")),
+                ("format", string()),
+                ("text", string()),
+            ],
+            &["chain_id", "events", "format", "text"],
+        ),
+        trace_chain,
+    )
+}
+
 /// `fan_out`: one piece of work to several agents, joined into one return.
 fn fan_out_entry() -> ToolDef {
     use Kind::Write;
@@ -1143,6 +1178,30 @@ fn fan_out(s: &McpServer, me: &str, a: &FanOutArgs) -> ToolResult {
         v["warning"] = json!(w);
     }
     Ok(v)
+}
+
+fn trace_chain(s: &McpServer, me: &str, a: &TraceArgs) -> ToolResult {
+    use crate::service::trace;
+    let format = a.format.as_deref().unwrap_or("mermaid");
+    if !["mermaid", "jsonl", "otel"].contains(&format) {
+        return Err(ToolError(format!(
+            "unknown format {format:?}: use mermaid, jsonl or otel"
+        )));
+    }
+    let rows = s
+        .service()
+        .trace_for(me, &a.id, a.limit.unwrap_or(10_000))?;
+    let text = match format {
+        "jsonl" => trace::jsonl(&rows),
+        "otel" => serde_json::to_string(&trace::otel(&rows)).unwrap_or_default(),
+        _ => trace::mermaid(&rows),
+    };
+    Ok(json!({
+        "chain_id": rows.first().and_then(|r| r.chain_id.clone()),
+        "events": rows.len(),
+        "format": format,
+        "text": text,
+    }))
 }
 
 fn spend_budget(s: &McpServer, me: &str, a: &SpendArgs) -> ToolResult {
