@@ -110,7 +110,7 @@ fn a_sweep_catches_a_pass_that_writes_a_cancelled_chains_delivery_waiting_again(
 #[cfg(feature = "planted-bugs")]
 #[test]
 fn a_sweep_catches_a_final_failure_not_kept_as_a_dead_letter() {
-    caught_within("final_failure_not_kept", "dead", 30);
+    caught_within("final_failure_not_kept", "dead", 40);
 }
 
 #[cfg(feature = "planted-bugs")]
