@@ -90,6 +90,7 @@ REBIND = "rebind.test"
 
 XSS_TITLE = '<img src=x onerror="window.__pwned=1">'
 XSS_MESSAGE = "<script>window.__pwned=2</script><b>bold</b>"
+FAN_TITLE = '<img src=x onerror="window.__pwned=3">fan'
 DEAD_TITLE = '<img src=x onerror="window.__pwned=4"> for nobody'
 FORM_TITLE = "<img src=x onerror=\"alert('xss-form');window.__pwned=3\"> via the form"
 FORM_MESSAGE = "<svg onload=\"alert('xss-form-msg')\"></svg><i>italic</i> from the browser form"
@@ -709,6 +710,23 @@ def check_xss(ctx: Ctx) -> None:
                        " return p && p.innerText.includes('No topic yet.') &&"
                        " document.getElementById('k-topics').textContent === '0'; })()", 10)
     report("2 the topics panel renders, empty", bool(topics), "no 'No topic yet.' in panel-topics in 10 s")
+
+    # A fan-out posted with an HTML title shows under "Fan-outs waiting" as literal text, or,
+    # once the demo agents have all returned, the panel says none waits (and counts 0).
+    code, _, raw = http_request(demo.port, "POST", "/api/send",
+                                {"from": "planner", "to": ["writer", "reviewer"], "title": FAN_TITLE,
+                                 "message": "split", "join": "all"},
+                                {"Content-Type": "application/json", "X-Handoffs-Token": demo.token or ""})
+    report("2 POST /api/send to a list (a fan-out) -> 201", code == 201,
+           f"HTTP {code} {short(raw.decode('utf-8', 'replace'))}")
+    f = json.dumps(FAN_TITLE)
+    fan = page.wait("(() => { const p = document.querySelector('[data-testid=panel-fanouts]'); if (!p) return false;"
+                    f" const rows = [...p.querySelectorAll('[data-testid=fanout]')];"
+                    f" return rows.some(r => r.innerText.includes({f})) ||"
+                    " p.innerText.includes('No fan-out waits for its join.'); })()", 10)
+    pwned = page.js("typeof window.__pwned === 'undefined' ? null : String(window.__pwned)")
+    report("2 the fan-outs panel renders, the HTML title as literal text", bool(fan) and pwned is None,
+           f"panel-fanouts showed neither the fan-out nor 'No fan-out waits' in 10 s; window.__pwned = {pwned}")
 
     # A chain started with a budget and stopped by a spend past it is listed under "Chains in
     # flight", with its state, hops and what it spent of each unit.

@@ -805,15 +805,33 @@ async fn fan_outs_waiting_show_and_joins_are_counted() {
         "--join",
         "quorum:1",
     ]);
-    w.json(&[
-        "send",
-        "planner",
-        "--to",
-        "writer,reviewer",
-        "wait",
-        "--title",
-        "wait",
-    ]);
+    // Over HTTP: `to` as a list is a fan-out (with the token, as any send).
+    let (code, v) = send(
+        &app,
+        Some(&app.token),
+        &json!({"from": "planner", "to": ["writer", "reviewer"], "message": "wait",
+                "title": "wait"}),
+    )
+    .await;
+    assert_eq!(code, StatusCode::CREATED, "{v}");
+    assert_eq!(v["children"].as_array().map(Vec::len), Some(2), "{v}");
+    for bad in [
+        json!({"from": "planner", "to": ["writer", "reviewer"], "message": "m"}),
+        json!({"from": "planner", "to": ["writer", "writer"], "message": "m", "title": "t"}),
+        json!({"from": "planner", "to": ["writer"], "message": "m", "title": "t", "join": "most"}),
+        json!({"from": "planner", "to": 3, "message": "m"}),
+    ] {
+        let (code, v) = send(&app, Some(&app.token), &bad).await;
+        assert_eq!(code, StatusCode::BAD_REQUEST, "{bad}: {v}");
+        assert!(is_error(&v), "{v}");
+    }
+    let (code, _) = send(
+        &app,
+        None,
+        &json!({"from": "planner", "to": ["writer", "reviewer"], "message": "m", "title": "t"}),
+    )
+    .await;
+    assert_eq!(code, StatusCode::UNAUTHORIZED);
     let done = first["children"][0]["message"]["id"]
         .as_str()
         .unwrap()

@@ -551,8 +551,15 @@ async fn spend(
 #[serde(deny_unknown_fields)]
 struct SendBody {
     from: String,
-    to: String,
+    /// One agent, or several: a fan-out of work (SPEC §8.2), which needs a title.
+    to: Recipients,
     message: String,
+    /// Fan-out: `all` (the default) or `quorum:K`.
+    join: Option<String>,
+    /// Fan-out: joined at the latest this many minutes after the send (partial).
+    deadline_minutes: Option<f64>,
+    /// Fan-out: cancel the children still unanswered when it is joined.
+    cancel_rest: Option<bool>,
     title: Option<String>,
     key: Option<String>,
     due_minutes: Option<i64>,
@@ -565,6 +572,14 @@ struct SendBody {
     /// an HTTP recipient received): its chain is continued. It names a turn of the sender's,
     /// or nothing: it never falls back to whatever the sender happens to be working on.
     request_id: Option<String>,
+}
+
+/// `to`: one agent, or a list (a fan-out).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Recipients {
+    One(String),
+    Many(Vec<String>),
 }
 
 /// Units as the service reads them (`tokens=1200,usd=0.04`), or the 400 that refuses them.
@@ -650,6 +665,15 @@ async fn send(
         Ok(b) => b,
         Err(refused) => return refused,
     };
+    let plain = req.join.is_none() && req.deadline_minutes.is_none() && req.cancel_rest.is_none();
+    let to = match &req.to {
+        Recipients::One(one) if plain => one.clone(),
+        Recipients::One(one) => {
+            let many = vec![one.clone()];
+            return fan_out(s, req.to_many(many), budget).await;
+        }
+        Recipients::Many(_) => return fan_out(s, req, budget).await,
+    };
     let state = s.clone();
     let out = tokio::task::spawn_blocking(move || {
         let mut svc = state
@@ -664,7 +688,7 @@ async fn send(
         };
         svc.send_as(
             &req.from,
-            &req.to,
+            &to,
             &req.message,
             req.title.as_deref(),
             req.due_minutes,
@@ -689,6 +713,77 @@ async fn send(
                     "chain_id": sent.message.chain_id,
                     "parent_id": sent.message.parent_id,
                     "hop": sent.message.hop,
+                })),
+            )
+                .into_response()
+        }
+        Ok(Err(e)) => service_error(&e),
+        Err(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "the send stopped"),
+    }
+}
+
+impl SendBody {
+    fn to_many(mut self, to: Vec<String>) -> SendBody {
+        self.to = Recipients::Many(to);
+        self
+    }
+}
+
+/// `POST /api/send` with several recipients (or a join): one fan-out of work.
+async fn fan_out(s: Arc<AppState>, req: SendBody, budget: Option<String>) -> Response {
+    let Recipients::Many(to) = req.to else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "a fan-out names its agents in a list",
+        );
+    };
+    let Some(title) = req.title else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "a fan-out splits work: give it a title",
+        );
+    };
+    let out = tokio::task::spawn_blocking(move || {
+        let mut svc = s
+            .service
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let lineage = crate::service::Lineage {
+            budget,
+            parent: req.parent.clone(),
+            request_id: req.request_id.clone(),
+            ..Default::default()
+        };
+        svc.fan_out(&crate::service::FanOut {
+            from: &req.from,
+            to: &to,
+            body: &req.message,
+            title: &title,
+            join: req.join.as_deref(),
+            deadline_minutes: req.deadline_minutes,
+            cancel_rest: req.cancel_rest.unwrap_or(false),
+            due_minutes: req.due_minutes,
+            key: req.key.as_deref(),
+            lineage: &lineage,
+        })
+    })
+    .await;
+    match out {
+        Ok(Ok(done)) => {
+            let code = if done.created {
+                StatusCode::CREATED
+            } else {
+                StatusCode::OK
+            };
+            (
+                code,
+                axum::Json(json!({
+                    "id": done.fanout.id,
+                    "created": done.created,
+                    "children": done.children.iter().map(|c| json!({
+                        "id": c.message.id, "to": c.message.recipient,
+                        "delivery_state": c.delivery_state,
+                    })).collect::<Vec<_>>(),
                 })),
             )
                 .into_response()
