@@ -670,7 +670,7 @@ async fn send(
         Recipients::One(one) if plain => one.clone(),
         Recipients::One(one) => {
             let many = vec![one.clone()];
-            return fan_out(s, req.to_many(many), budget).await;
+            return fan_out(s, req.with_recipients(many), budget).await;
         }
         Recipients::Many(_) => return fan_out(s, req, budget).await,
     };
@@ -723,7 +723,7 @@ async fn send(
 }
 
 impl SendBody {
-    fn to_many(mut self, to: Vec<String>) -> SendBody {
+    fn with_recipients(mut self, to: Vec<String>) -> SendBody {
         self.to = Recipients::Many(to);
         self
     }
