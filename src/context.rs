@@ -270,7 +270,14 @@ fn write_atomic(path: &Path, text: &str) -> std::io::Result<()> {
         std::process::id(),
         &crate::clock::new_id()[..8]
     ));
-    std::fs::write(&tmp, text)?;
+    // On disk before the rename: a power cut leaves the old file or the new, never an
+    // empty one.
+    {
+        use std::io::Write as _;
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+    }
     std::fs::rename(&tmp, path)
 }
 
@@ -288,6 +295,17 @@ impl Library {
         Ok(Library {
             dir: std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_owned()),
         })
+    }
+
+    /// The library in `dir`, which must exist (a reader never creates a mistyped folder).
+    pub fn open_existing(dir: &Path) -> Result<Library> {
+        if !dir.is_dir() {
+            return Err(ServiceError::NotFound(format!(
+                "no context library at {}",
+                dir.display()
+            )));
+        }
+        Library::open(dir)
     }
 
     pub fn dir(&self) -> &Path {

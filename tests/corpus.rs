@@ -307,6 +307,10 @@ fn the_cli_writes_and_reads_the_same_corpus() {
         (vec!["context", "put", "best", "high", "--as", "a"], 2),
         (vec!["context", "put", "plan", "x", "y", "--as", "a"], 2),
         (vec!["context", "get", "nothing"], 1),
+        (
+            vec!["context", "put", "seen", "z", "--version", "3", "--as", "a"],
+            2,
+        ),
     ] {
         let mut all = args.clone();
         all.extend(["--library", libs]);
@@ -315,4 +319,9 @@ fn the_cli_writes_and_reads_the_same_corpus() {
         assert_eq!(out.status.code(), Some(code), "{all:?}: {err}");
         assert_eq!(err.trim_end().lines().count(), 1, "{all:?}: {err}");
     }
+    // A reader never creates a mistyped library.
+    let typo = w.dir.path().join("typo").join("deep");
+    let out = w.run(&["context", "keys", "--library", typo.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(!typo.exists(), "context keys created {}", typo.display());
 }

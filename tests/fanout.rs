@@ -429,3 +429,128 @@ fn two_returns_at_the_same_moment_join_it_exactly_once_in_100_runs() {
     }
     assert_eq!(joins, 100);
 }
+
+/// Past its deadline a fan-out is joined partial at the next return, engine or no engine:
+/// that return is late.
+#[test]
+fn a_return_after_the_deadline_finds_it_joined_partial_without_an_engine() {
+    let w = with_agents(&["lead", "a", "b"]);
+    let f = fan_out(&w, "a,b", "Late", &["--deadline-minutes", "0.1"]);
+    std::thread::sleep(Duration::from_millis(6_300));
+    let r = ret(&w, &child(&f, "a"), "a", "too late");
+    assert_eq!(r["fanout"]["state"], "partial", "{r:#}");
+    assert_eq!(r["return_message"]["intent"], "notification", "late: {r:#}");
+    let inbox = lead_inbox(&w);
+    assert!(
+        inbox
+            .iter()
+            .any(|(t, i, _)| t == "partial (0/2): Late" && i == "handoff"),
+        "{inbox:?}"
+    );
+}
+
+/// Closing a child before it answered can leave a join-all unable to complete: it is joined
+/// partial at once, saying why; a dead child replayed is waited for as the child.
+#[test]
+fn a_child_closed_unanswered_or_replayed_after_dying_is_accounted_for() {
+    let w = with_agents(&["lead", "a", "b", "c"]);
+    let f = fan_out(&w, "a,b", "Both", &[]);
+    ret(&w, &child(&f, "a"), "a", "done");
+    w.ok(&["close", &child(&f, "b"), "blocked", "--as", "lead"]);
+    let v = show(&w, &child(&f, "a"));
+    assert_eq!(v["fanout"]["state"], "partial", "{v:#}");
+    let inbox = lead_inbox(&w);
+    let (_, _, body) = inbox
+        .iter()
+        .find(|(t, ..)| t == "partial (1/2): Both")
+        .unwrap_or_else(|| panic!("no partial join: {inbox:?}"));
+    assert!(body.contains("can no longer reach its quorum"), "{body}");
+
+    // A child whose recipient is removed dies; its replay to another agent is the child now.
+    let f = fan_out(&w, "a,b", "Replayed", &["--join", "all"]);
+    w.ok(&["agent", "remove", "b"]);
+    w.ok(&["tick"]);
+    let dead = w.json(&["dead", "list"]);
+    let letter = dead
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["message_id"] == child(&f, "b").as_str())
+        .unwrap_or_else(|| panic!("no dead letter for b's child: {dead:#}"))["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let replay = w.json(&["dead", "replay", &letter, "--to", "c"]);
+    let new_id = replay["sent"]["message"]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{replay:#}"))
+        .to_owned();
+    ret(&w, &child(&f, "a"), "a", "mine");
+    let r = ret(&w, &new_id, "c", "the replayed part");
+    assert_eq!(r["fanout"]["state"], "complete", "{r:#}");
+    let body = r["return_message"]["body"].as_str().unwrap();
+    assert!(
+        body.contains("the replayed part") && body.contains("## c "),
+        "{body}"
+    );
+}
+
+/// A fan-out is one hop of its chain however wide; `fanout show` takes the short id the
+/// commands print; a repeated key must ask the very same (deadline and cancel-rest too).
+#[test]
+fn a_wide_fan_out_spends_one_hop_and_its_short_id_and_key_work() {
+    let w = with_agents(&["lead"]);
+    let names: Vec<String> = (0..20).map(|i| format!("w{i}")).collect();
+    for n in &names {
+        w.ok(&["agent", "add", n, "--provider", "demo"]);
+    }
+    let f = fan_out(
+        &w,
+        &names.join(","),
+        "Wide",
+        &["--join", "quorum:3", "--key", "k"],
+    );
+    assert_eq!(f["fanout"]["children"], 20);
+    let chain = w.json(&["chain", "show", &child(&f, "w0")]);
+    assert_eq!(
+        chain["chain"]["hops"], 0,
+        "a new chain's fan-out: {chain:#}"
+    );
+    let id = f["fanout"]["id"].as_str().unwrap();
+    assert_eq!(show(&w, &id[..8])["fanout"]["id"], id);
+    for extra in [
+        vec!["--join", "quorum:3", "--key", "k", "--cancel-rest"],
+        vec![
+            "--join",
+            "quorum:3",
+            "--key",
+            "k",
+            "--deadline-minutes",
+            "5",
+        ],
+    ] {
+        let joined = names.join(",");
+        let mut args = vec!["send", "lead", "--to", &joined, "check the diff"];
+        args.extend(["--title", "Wide"]);
+        args.extend(extra.iter().copied());
+        let out = w.run(&args);
+        assert_eq!(out.status.code(), Some(1), "{extra:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("already used for a different fan-out"),
+            "{extra:?}"
+        );
+    }
+    let neg = w.run(&[
+        "send",
+        "lead",
+        "--to",
+        "w0,w1",
+        "x",
+        "--title",
+        "t",
+        "--deadline-minutes",
+        "-1",
+    ]);
+    assert_eq!(neg.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&neg.stderr).contains("the deadline must be"));
+}

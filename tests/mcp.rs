@@ -1105,6 +1105,12 @@ async fn every_result_matches_its_tools_output_schema() {
         .filter(|m| m["title"] == "joined (1/2): review")
         .collect();
     assert_eq!(joined.len(), 1, "one combined return: {inbox}");
+    let status = check(
+        "fanout_status",
+        &call(&carol, "fanout_status", json!({"id": fan["fanout_id"]})).await,
+    );
+    assert_eq!(status["fanout"]["state"], "complete", "{status}");
+    assert_eq!(status["children"][1]["late"], true, "{status}");
     // The fan-out's chain as a diagram, for an agent that took part in it; nobody else.
     let traced = check(
         "trace_chain",
@@ -1129,6 +1135,11 @@ async fn every_result_matches_its_tools_output_schema() {
     let outsider = err_text(&call(&dave, "trace_chain", json!({"id": kids[0]["id"]})).await);
     assert!(
         outsider.contains("dave took no part in the chain"),
+        "{outsider}"
+    );
+    let outsider = err_text(&call(&dave, "fanout_status", json!({"id": fan["fanout_id"]})).await);
+    assert!(
+        outsider.contains("dave is neither the sender nor a child"),
         "{outsider}"
     );
     let listed: std::collections::BTreeSet<String> = alice

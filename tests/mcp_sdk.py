@@ -66,13 +66,13 @@ HANDOFF_TOOLS = [
     "handoff_status", "list_agents", "wait_for_messages", "create_handoff", "claim_handoff",
     "renew_handoff", "pass_handoff", "complete_handoff", "show_handoff", "list_handoffs",
     "cancel_chain", "spend_budget", "list_topics", "subscribe", "unsubscribe", "publish",
-    "read_topic", "get_artifact", "fan_out", "trace_chain",
+    "read_topic", "get_artifact", "fan_out", "trace_chain", "fanout_status",
 ]
 CONTEXT_TOOLS = [
     "context_brief", "context_search", "context_get", "context_record", "context_supersede",
     "context_status", "context_put", "context_keys",
 ]
-READ_ONLY = {"inbox", "list_agents", "handoff_status", "show_handoff", "list_handoffs", "list_topics", "get_artifact", "trace_chain"}
+READ_ONLY = {"inbox", "list_agents", "handoff_status", "show_handoff", "list_handoffs", "list_topics", "get_artifact", "trace_chain", "fanout_status"}
 CONTEXT_READ_ONLY = {"context_brief", "context_search", "context_get", "context_status", "context_keys"}
 WRITES = {
     "send_handoff", "accept_work", "return_work", "close_work", "create_handoff", "claim_handoff",

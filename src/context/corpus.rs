@@ -353,6 +353,13 @@ impl Library {
             (Some(c), _) => c.rule,
             (None, r) => r.unwrap_or(Rule::Lww),
         };
+        if version.is_some() && rule != Rule::Lww {
+            return usage(format!(
+                "a version is for last-writer-wins entries; key {key:?} merges by {}, which \
+                 loses no write",
+                rule.as_str()
+            ));
+        }
         let now = current.as_ref().map_or(0, |c| c.version);
         if let Some(v) = version
             && rule == Rule::Lww
@@ -393,6 +400,7 @@ impl Library {
             .map_err(|e| ServiceError::Refused(format!("cannot create {}: {e}", dir.display())))?;
         let path = self.entry_path(key);
         write_atomic(&path, &render(&entry))
+            .and_then(|()| std::fs::File::open(&dir)?.sync_all())
             .map_err(|e| ServiceError::Refused(format!("cannot write {}: {e}", path.display())))?;
         Ok(Put {
             entry,

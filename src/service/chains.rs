@@ -40,32 +40,17 @@ pub(super) enum Place {
     /// A continuation of `parent`, one hop deeper, allowed by the chain's budget.
     Child { parent: Box<MessageRow> },
     /// Beside `of` (a fan-out's later children beside its first): the same chain, parent
-    /// and hop, one hop of the chain's budget spent.
+    /// and hop.
     Sibling { of: Box<MessageRow> },
 }
 
-/// Places a fan-out's later child beside its first, `of` (already in the chain): it spends
-/// one hop of the chain's budget at `of`'s depth, as a continuation would.
-pub(super) fn beside(
-    tx: &Tx<'_>,
-    of: &MessageRow,
-    from: &str,
-    policy: &model::Policy,
-    now: Millis,
-) -> Result<std::result::Result<Place, String>> {
-    let at = millis(now);
-    let mut chain = chain_of(tx, of, at)?;
-    let mut rules = chain.rules();
-    let decision = rules.continue_at(of.hop, policy);
-    let at_message = match of.parent_id.as_deref() {
-        Some(p) => tx.message(p)?.unwrap_or_else(|| of.clone()),
-        None => of.clone(),
-    };
-    match decided(tx, &mut chain, &rules, decision, &at_message, from, at)? {
-        Ok(()) => Ok(Ok(Place::Sibling {
-            of: Box::new(of.clone()),
-        })),
-        Err(why) => Ok(Err(format!("{from} → {}: {why}", of.recipient))),
+/// Places a fan-out's later child beside its first, `of` (already in the chain, which the
+/// first child's placement checked and charged one hop): the same chain, parent and hop. A
+/// fan-out spends one hop however wide it is (at most `FANOUT_CHILDREN_MAX` children), so
+/// a chain's budget bounds how many fan-outs it makes, not how wide each is.
+pub(super) fn beside(of: &MessageRow) -> Place {
+    Place::Sibling {
+        of: Box::new(of.clone()),
     }
 }
 

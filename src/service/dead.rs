@@ -241,6 +241,10 @@ impl Service {
                     return refused(format!("the replay was refused: {why}"));
                 }
             };
+            // A fan-out's child replayed: the fan-out waits for the replay instead.
+            if let Some(old) = dead.message_id.as_deref() {
+                tx.relink_fanout_child(old, &sent.message.id, &sent.message.recipient)?;
+            }
             if !tx.mark_dead_letter(&id, Some(&sent.message.id), millis(now))? {
                 return refused(format!("dead letter {id} changed meanwhile; try again"));
             }

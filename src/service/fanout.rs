@@ -173,7 +173,7 @@ impl Service {
             if let Some(k) = f.key
                 && let Some(earlier) = tx.fanout_by_key(f.from, k)?
             {
-                return again(tx, earlier, f, join, k);
+                return again(tx, earlier, f, (join, deadline_ms), k);
             }
             let mut children: Vec<Sent> = Vec::with_capacity(f.to.len());
             for to in f.to {
@@ -255,8 +255,16 @@ impl Service {
         let known = self
             .store
             .read(|tx| Ok::<_, ServiceError>(tx.fanout(given)?))?;
+        let by_prefix = if known.is_none() && given.len() >= super::ID_PREFIX_MIN {
+            self.store
+                .read(|tx| Ok::<_, ServiceError>(tx.fanout_ids_with_prefix(given)?))?
+        } else {
+            Vec::new()
+        };
         let id = if let Some(f) = known {
             f.id
+        } else if let [one] = by_prefix.as_slice() {
+            one.clone()
         } else {
             let m = self.resolve(super::IdTable::Messages, given)?;
             self.store
@@ -274,6 +282,20 @@ impl Service {
                 .ok_or_else(|| ServiceError::NotFound(format!("no fan-out {id:?}")))?;
             view(tx, f)
         })
+    }
+
+    /// [`Service::fanout_show`] for `agent` (an MCP session's): its sender or one of its
+    /// children's recipients only.
+    pub fn fanout_show_for(&mut self, agent: &str, given: &str) -> Result<FanoutView> {
+        super::check_agent_id(agent)?;
+        let v = self.fanout_show(given)?;
+        if v.fanout.sender != agent && !v.children.iter().any(|c| c.recipient == agent) {
+            return refused(format!(
+                "{agent} is neither the sender nor a child of fan-out {}",
+                v.fanout.id
+            ));
+        }
+        Ok(v)
     }
 
     /// Fan-outs still waiting for their join, the newest first.
@@ -295,7 +317,7 @@ fn again(
     tx: &Tx<'_>,
     earlier: FanoutRow,
     f: &FanOut<'_>,
-    join: Join,
+    (join, deadline_ms): (Join, Option<i64>),
     key: &str,
 ) -> Result<FannedOut> {
     let kids = tx.fanout_children(&earlier.id)?;
@@ -322,7 +344,16 @@ fn again(
             == match join {
                 Join::All => earlier.children,
                 Join::Quorum(k) => k,
-            };
+            }
+        && earlier.deadline_at.map(|d| d - earlier.created_at) == deadline_ms
+        && earlier.cancel_rest == f.cancel_rest
+        && children.first().is_some_and(|c| {
+            tx.work(&c.message.id)
+                .ok()
+                .flatten()
+                .map(|w| w.due_at.map(|d| d - w.created_at))
+                == Some(f.due_minutes.map(|m| m * 60_000))
+        });
     if !same {
         return refused(format!(
             "key {key:?} was already used for a different fan-out"
@@ -388,6 +419,11 @@ pub(super) fn child_returned(
         .ok_or_else(|| ServiceError::NotFound(format!("no fan-out {:?}", child.fanout_id)))?;
     if w.summary.is_some() || child.answered_at.is_some() {
         return refused(format!("the work was already {}", w.state));
+    }
+    // Past its deadline the fan-out is joined partial before this return counts, whether or
+    // not the engine's housekeeping got to it yet: the return is late.
+    if f.state == "waiting" && f.deadline_at.is_some_and(|d| d <= millis(now)) {
+        join(tx, &mut f, true, own, now)?;
     }
     let cancelled_by_join = w.state == WorkState::Closed
         && w.outcome.as_deref() == Some(super::chains::CANCELLED)
@@ -539,9 +575,13 @@ fn join(
         cancelled = chains::cancel_part(tx, &msgs, own, &why, now)?;
     }
     let head = if partial {
+        let cause = if f.deadline_at.is_some_and(|d| d <= at) {
+            "its deadline passed"
+        } else {
+            "it can no longer reach its quorum (children closed unanswered)"
+        };
         format!(
-            "Fan-out \"{}\" joined PARTIAL: its deadline passed with {count} of {} answered \
-             ({} needed).",
+            "Fan-out \"{}\" joined PARTIAL: {cause} with {count} of {} answered ({} needed).",
             f.title, f.children, f.quorum
         )
     } else {
@@ -656,6 +696,36 @@ pub(super) fn join_past_deadline(tx: &Tx<'_>, own: &model::Policy, now: Millis) 
         joined += 1;
     }
     Ok(joined)
+}
+
+/// A child's work closed by its sender before it answered: if the fan-out can no longer
+/// reach its quorum (too few children left open), it is joined partial now.
+pub(super) fn on_child_closed(
+    tx: &Tx<'_>,
+    id: &str,
+    own: &model::Policy,
+    now: Millis,
+) -> Result<Option<MessageRow>> {
+    let Some(c) = tx.fanout_child(id)? else {
+        return Ok(None);
+    };
+    let Some(mut f) = tx.fanout(&c.fanout_id)? else {
+        return Ok(None);
+    };
+    if f.state != "waiting" {
+        return Ok(None);
+    }
+    let mut reachable = 0;
+    for k in tx.fanout_children(&f.id)? {
+        let open = tx.work(&k.message_id)?.is_some_and(|w| w.state.is_open());
+        if (k.answered_at.is_some() && !k.late) || open {
+            reachable += 1;
+        }
+    }
+    if reachable >= f.quorum {
+        return Ok(None);
+    }
+    Ok(Some(join(tx, &mut f, true, own, now)?))
 }
 
 /// Marks the waiting fan-out of child message `id`, if any, cancelled (its chain was): no

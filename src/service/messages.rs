@@ -279,7 +279,7 @@ pub(super) fn send_in(
         );
     }
     let placed = match d.beside {
-        Some(of) => chains::beside(tx, of, from, policy, now)?,
+        Some(of) => Ok(chains::beside(of)),
         None => chains::place(tx, (from, to), lineage, policy, now)?,
     };
     let place = match placed {

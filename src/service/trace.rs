@@ -45,7 +45,18 @@ impl Service {
     /// chain it took part in (it sent or received one of its messages).
     pub fn trace_for(&mut self, agent: &str, given: &str, limit: i64) -> Result<Vec<TraceRow>> {
         super::check_agent_id(agent)?;
-        let id = self.resolve(IdTable::Messages, given)?;
+        // One answer for a message that does not exist and a chain the agent is not in: an
+        // agent learns nothing of others' ids.
+        let outside = || {
+            ServiceError::Refused(format!(
+                "{agent} took no part in the chain of {given}: an agent traces only its own chains"
+            ))
+        };
+        let id = match self.resolve(IdTable::Messages, given) {
+            Ok(id) => id,
+            Err(ServiceError::NotFound(_)) => return Err(outside()),
+            Err(e) => return Err(e),
+        };
         let part = self.store.read(|tx| {
             let m = tx
                 .message(&id)?
@@ -62,9 +73,7 @@ impl Service {
             )
         })?;
         if !part {
-            return super::refused(format!(
-                "{agent} took no part in the chain of {given}: an agent traces only its own chains"
-            ));
+            return Err(outside());
         }
         self.trace(Some(&id), None, limit)
     }

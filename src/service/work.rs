@@ -241,7 +241,9 @@ impl Service {
             check_len("the note", n, SUMMARY_CHARS_MAX)?;
         }
         let id = self.resolve(IdTable::Messages, id)?;
-        let now = millis(self.now());
+        let at = self.now();
+        let now = millis(at);
+        let own = self.policy.clone();
         self.store.write(|tx| {
             let (_, mut w) = Self::work_for(tx, &id)?;
             if w.sender != actor {
@@ -264,6 +266,9 @@ impl Service {
                 "work",
                 &format!("closed by {actor}: {}", outcome.as_str()),
             )?;
+            // A fan-out child closed before it answered may leave its fan-out unable to
+            // reach its quorum: then it is joined partial now.
+            super::fanout::on_child_closed(tx, &id, &own, at)?;
             Ok(w)
         })
     }

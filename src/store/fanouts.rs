@@ -203,6 +203,29 @@ impl Tx<'_> {
         Ok(())
     }
 
+    /// A dead child replayed as message `new` (to `recipient`): the fan-out waits for it.
+    pub fn relink_fanout_child(&self, old: &str, new: &str, recipient: &str) -> Result<()> {
+        self.exec(
+            "UPDATE fanout_children SET message_id = ?2, recipient = ?3
+             WHERE message_id = ?1 AND answered_at IS NULL",
+            params![old, new, recipient],
+        )?;
+        Ok(())
+    }
+
+    /// The ids of fan-outs that start with `prefix`, at most two.
+    pub fn fanout_ids_with_prefix(&self, prefix: &str) -> Result<Vec<String>> {
+        let escaped = prefix
+            .replace('\\', "\\\\")
+            .replace('%', "\\%")
+            .replace('_', "\\_");
+        let mut st = self.tx.prepare_cached(
+            "SELECT id FROM fanouts WHERE id LIKE ?1 ESCAPE '\\' ORDER BY id LIMIT 2",
+        )?;
+        let rows = st.query_map([format!("{escaped}%")], |r| r.get(0))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
     /// Waiting fan-outs whose deadline has passed at `now`, the oldest deadline first.
     pub fn fanouts_past_deadline(&self, now: i64, limit: i64) -> Result<Vec<FanoutRow>> {
         let mut st = self.tx.prepare_cached(&format!(

@@ -441,7 +441,7 @@ pub struct SendArgs {
     pub join: Option<String>,
     /// Fan-out: joined at the latest this many minutes after the send (fractions allowed,
     /// at least 0.1), flagged partial when returns are missing.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub deadline_minutes: Option<f64>,
     /// Fan-out: cancel the children still unanswered when it is joined.
     #[arg(long)]

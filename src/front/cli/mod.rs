@@ -483,7 +483,7 @@ fn context_cmd(cli: &Cli, c: &args::ContextCmd) -> Result<(), Failure> {
     use crate::context::{Library, Rule};
     match c {
         args::ContextCmd::Get { key, library } => {
-            let e = Library::open(library)?.corpus_get(key)?;
+            let e = Library::open_existing(library)?.corpus_get(key)?;
             emit(cli, &e, || {
                 format!(
                     "{} ({}, version {}, by {} at {})\n{}",
@@ -519,7 +519,7 @@ fn context_cmd(cli: &Cli, c: &args::ContextCmd) -> Result<(), Failure> {
             });
         }
         args::ContextCmd::Keys { library } => {
-            let keys = Library::open(library)?.corpus_list()?;
+            let keys = Library::open_existing(library)?.corpus_list()?;
             emit(cli, &keys, || {
                 keys.iter()
                     .map(|e| {

@@ -683,6 +683,7 @@ fn message_tools() -> Vec<ToolDef> {
             send_handoff,
         ),
         fan_out_entry(),
+        fanout_status_entry(),
         trace_entry(),
         entry::<InboxArgs>(
             "inbox",
@@ -1079,6 +1080,29 @@ fn return_entry() -> ToolDef {
             &["work", "return_message_id"],
         ),
         return_work,
+    )
+}
+
+/// `fanout_status`: a fan-out the agent sent or is a child of, and how far it got.
+fn fanout_status_entry() -> ToolDef {
+    entry::<IdArgs>(
+        "fanout_status",
+        "Fan-out status",
+        Kind::Read,
+        "A fan-out you sent or are part of (its id, or any child's id): its join rule, \
+         deadline and state, each child's work state, who answered and who answered late.",
+        object(
+            &[
+                ("fanout", of_type("object")),
+                ("children", array(of_type("object"))),
+                ("answered", of_type("integer")),
+            ],
+            &["fanout", "children", "answered"],
+        ),
+        |s, me, a| {
+            let v = s.service().fanout_show_for(me, &a.id)?;
+            Ok(serde_json::to_value(&v).unwrap_or_default())
+        },
     )
 }
 
