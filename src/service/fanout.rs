@@ -432,16 +432,7 @@ pub(super) fn child_returned(
         return refused(format!("the work was already {}", w.state));
     }
     let verb = if blocked { "blocked" } else { "returned" };
-    if w.state.is_open() {
-        w.state = if blocked {
-            WorkState::Blocked
-        } else {
-            WorkState::Returned
-        };
-    }
-    w.summary = Some(summary.to_owned());
-    w.evidence = evidence.map(str::to_owned);
-    w.updated_at = millis(now);
+    super::work::record_return(&mut w, (summary, evidence), blocked, millis(now));
     tx.update_work(&w)?;
     // (`stale`: the planted bug's state, read before this transaction.)
     let late = stale.unwrap_or(&f.state) != "waiting";

@@ -184,14 +184,7 @@ impl Service {
             if !w.state.is_open() {
                 return refused(format!("the work was already {}", w.state));
             }
-            w.state = if blocked {
-                WorkState::Blocked
-            } else {
-                WorkState::Returned
-            };
-            w.summary = Some(summary.to_owned());
-            w.evidence = evidence.map(str::to_owned);
-            w.updated_at = millis(now);
+            record_return(&mut w, (summary, evidence), blocked, millis(now));
             tx.update_work(&w)?;
             let verb = if blocked { "blocked" } else { "returned" };
             let shown = summary_card(tx, (summary, evidence), (actor, &w.sender), now)?;
@@ -279,6 +272,26 @@ impl Service {
     }
 }
 
+/// Records a return on `w`: `returned` (or `blocked`) while it is open (closed work, a late
+/// return, keeps its state), with the summary and the evidence.
+pub(super) fn record_return(
+    w: &mut WorkRow,
+    (summary, evidence): (&str, Option<&str>),
+    blocked: bool,
+    now: i64,
+) {
+    if w.state.is_open() {
+        w.state = if blocked {
+            WorkState::Blocked
+        } else {
+            WorkState::Returned
+        };
+    }
+    w.summary = Some(summary.to_owned());
+    w.evidence = evidence.map(str::to_owned);
+    w.updated_at = now;
+}
+
 /// A return's summary and evidence as its card carries them: within the summary cap, the
 /// whole kept as an artifact when cut (SPEC §8.2 bounded summaries).
 fn summary_card(
@@ -305,9 +318,7 @@ fn late_return(
     blocked: bool,
     now: Millis,
 ) -> Result<(WorkRow, MessageRow)> {
-    w.summary = Some(summary.to_owned());
-    w.evidence = evidence.map(str::to_owned);
-    w.updated_at = millis(now);
+    record_return(&mut w, (summary, evidence), blocked, millis(now));
     tx.update_work(&w)?;
     let verb = if blocked { "blocked" } else { "returned" };
     let shown = summary_card(tx, (summary, evidence), (actor, &w.sender), now)?;
