@@ -2001,6 +2001,14 @@ fn gather(
         fanouts: Vec::new(),
         returns: BTreeMap::new(),
         combined: combined(c)?,
+        work_cancelled: {
+            let mut st = c
+                .prepare("SELECT id FROM work WHERE state = 'closed' AND outcome = 'cancelled'")
+                .map_err(err)?;
+            st.query_map([], |r| r.get::<_, String>(0))
+                .and_then(Iterator::collect::<rusqlite::Result<BTreeSet<_>>>)
+                .map_err(err)?
+        },
     })
 }
 

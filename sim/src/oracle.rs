@@ -218,6 +218,9 @@ pub struct Run {
     pub returns: BTreeMap<String, Duration>,
     /// Every combined return in the store.
     pub combined: Vec<CombinedRow>,
+    /// Work closed as cancelled (by its chain's cancel, or its fan-out's join with
+    /// cancel-rest): nothing of it is to be delivered any more.
+    pub work_cancelled: BTreeSet<String>,
 }
 
 /// One guarantee's verdict.
@@ -1083,7 +1086,8 @@ pub fn dead(run: &Run) -> Verdict {
         let cancelled = run
             .chain_of
             .get(&d.id)
-            .is_some_and(|c| run.chain_cancels.contains_key(c));
+            .is_some_and(|c| run.chain_cancels.contains_key(c))
+            || run.work_cancelled.contains(&d.id);
         let expected = match d.state.as_str() {
             "FAILED"
                 if !d.resend_pending
