@@ -447,7 +447,8 @@ pub(super) fn child_returned(
                 f.id
             ),
         )?;
-        let note = late_note(tx, &f, work_msg, &w, actor, verb, now)?;
+        let why = format!("fan-out {} was joined {} before it came", f.id, f.state);
+        let note = super::work::late_notice(tx, (&w, work_msg), (actor, verb), &why, now)?;
         return Ok(Returned {
             work: w,
             message: Some(note),
@@ -479,43 +480,6 @@ pub(super) fn child_returned(
         message,
         fanout: Some(f),
     })
-}
-
-/// A late return, told to the fan-out's sender as a notification (never a turn).
-fn late_note(
-    tx: &Tx<'_>,
-    f: &FanoutRow,
-    work_msg: &MessageRow,
-    w: &WorkRow,
-    actor: &str,
-    verb: &str,
-    now: Millis,
-) -> Result<MessageRow> {
-    let shown = summary_of(tx, w, actor, now)?;
-    let body = format!(
-        "Work {verb} late by {actor}: {} (fan-out {} was joined {} before it came).\n\n{shown}",
-        w.title, f.id, f.state
-    );
-    let note = super::work_message(
-        w,
-        Some(work_msg),
-        (actor, &w.sender),
-        body,
-        ("notification", "return"),
-        format!("{verb} late: {}", w.title),
-        now,
-    );
-    tx.insert_message(&note)?;
-    Ok(note)
-}
-
-/// A child's summary and evidence as a card carries them (bounded, SPEC §8.2).
-fn summary_of(tx: &Tx<'_>, w: &WorkRow, actor: &str, now: Millis) -> Result<String> {
-    let mut full = w.summary.clone().unwrap_or_default();
-    if let Some(e) = &w.evidence {
-        full.push_str(&format!("\n\nEvidence: {e}"));
-    }
-    Ok(super::artifacts::bounded(tx, &full, "return", (actor, &w.sender), millis(now))?.0)
 }
 
 /// Joins fan-out `f` (complete, or `partial` at its deadline): the one combined return to

@@ -292,6 +292,35 @@ pub(super) fn record_return(
     w.updated_at = now;
 }
 
+/// A return that came late (`why`), told to the work's sender as a notification (never a
+/// turn) that carries the summary and evidence within the cap.
+pub(super) fn late_notice(
+    tx: &crate::store::Tx<'_>,
+    (w, work_msg): (&WorkRow, &MessageRow),
+    (actor, verb): (&str, &str),
+    why: &str,
+    now: Millis,
+) -> Result<MessageRow> {
+    let shown = summary_card(
+        tx,
+        (w.summary.as_deref().unwrap_or(""), w.evidence.as_deref()),
+        (actor, &w.sender),
+        now,
+    )?;
+    let body = format!("Work {verb} late ({why}): {}\n\n{shown}", w.title);
+    let note = work_message(
+        w,
+        Some(work_msg),
+        (actor, &w.sender),
+        body,
+        ("notification", "return"),
+        format!("{verb} late: {}", w.title),
+        now,
+    );
+    tx.insert_message(&note)?;
+    Ok(note)
+}
+
 /// A return's summary and evidence as its card carries them: within the summary cap, the
 /// whole kept as an artifact when cut (SPEC §8.2 bounded summaries).
 fn summary_card(
@@ -321,21 +350,13 @@ fn late_return(
     record_return(&mut w, (summary, evidence), blocked, millis(now));
     tx.update_work(&w)?;
     let verb = if blocked { "blocked" } else { "returned" };
-    let shown = summary_card(tx, (summary, evidence), (actor, &w.sender), now)?;
-    let body = format!(
-        "Work {verb} late (its chain was cancelled while the turn ran): {}\n\n{shown}",
-        w.title
-    );
-    let ret = work_message(
-        &w,
-        Some(work_msg),
-        (actor, &w.sender),
-        body,
-        ("notification", "return"),
-        format!("{verb} late: {}", w.title),
+    let ret = late_notice(
+        tx,
+        (&w, work_msg),
+        (actor, verb),
+        "its chain was cancelled while the turn ran",
         now,
-    );
-    tx.insert_message(&ret)?;
+    )?;
     tx.event(
         millis(now),
         Some(&w.id),
