@@ -373,8 +373,10 @@ fn a_repeated_key_returns_the_first_fan_out() {
 fn two_returns_at_the_same_moment_join_it_exactly_once_in_100_runs() {
     let w = with_agents(&["lead", "a", "b"]);
     let mut joins = 0;
-    for run in 0..100 {
-        let join = if run % 2 == 0 { "quorum:1" } else { "all" };
+    for run in 0..120 {
+        // 100 quorum races (both returns would join it), then 20 of join all (only the
+        // later may).
+        let join = if run < 100 { "quorum:1" } else { "all" };
         let f = fan_out(&w, "a,b", &format!("race {run}"), &["--join", join]);
         let spawn = |who: &str| {
             w.cmd()
@@ -427,7 +429,7 @@ fn two_returns_at_the_same_moment_join_it_exactly_once_in_100_runs() {
         assert_eq!(v["fanout"]["combined_id"], combined[0].as_str());
         joins += 1;
     }
-    assert_eq!(joins, 100);
+    assert_eq!(joins, 120);
 }
 
 /// Past its deadline a fan-out is joined partial at the next return, engine or no engine:
@@ -435,11 +437,26 @@ fn two_returns_at_the_same_moment_join_it_exactly_once_in_100_runs() {
 #[test]
 fn a_return_after_the_deadline_finds_it_joined_partial_without_an_engine() {
     let w = with_agents(&["lead", "a", "b"]);
-    let f = fan_out(&w, "a,b", "Late", &["--deadline-minutes", "0.1"]);
+    let f = fan_out(
+        &w,
+        "a,b",
+        "Late",
+        &["--deadline-minutes", "0.1", "--cancel-rest"],
+    );
     std::thread::sleep(Duration::from_millis(6_300));
     let r = ret(&w, &child(&f, "a"), "a", "too late");
     assert_eq!(r["fanout"]["state"], "partial", "{r:#}");
     assert_eq!(r["return_message"]["intent"], "notification", "late: {r:#}");
+    // Cancel-rest cancels the part still out (b's), never the one coming back (a's).
+    let told = |who: &str| {
+        w.json(&["inbox", who, "--limit", "100"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["title"] == "cancelled: Late")
+            .count()
+    };
+    assert_eq!((told("a"), told("b")), (0, 1));
     let inbox = lead_inbox(&w);
     assert!(
         inbox
@@ -553,4 +570,61 @@ fn a_wide_fan_out_spends_one_hop_and_its_short_id_and_key_work() {
     ]);
     assert_eq!(neg.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&neg.stderr).contains("the deadline must be"));
+}
+
+/// A blocked answer is shown but is no return: it counts toward no quorum, and when too few
+/// children are left to reach it the fan-out is joined partial. A fan-out its chain's budget
+/// cannot take stops the chain and tells its origin, as any send past the budget does.
+#[test]
+fn a_blocked_answer_counts_toward_no_quorum_and_a_chain_past_its_budget_stops() {
+    let w = with_agents(&["lead", "a", "b"]);
+    let f = fan_out(&w, "a,b", "Fix", &["--join", "quorum:1"]);
+    let r = w.json(&[
+        "return",
+        &child(&f, "a"),
+        "--as",
+        "a",
+        "--summary",
+        "stuck",
+        "--blocked",
+    ]);
+    assert_eq!(
+        r["fanout"]["state"], "waiting",
+        "a blocked answer joins nothing: {r:#}"
+    );
+    let r = ret(&w, &child(&f, "b"), "b", "fixed");
+    assert_eq!(r["fanout"]["state"], "complete", "{r:#}");
+    let f = fan_out(&w, "a,b", "Both", &[]);
+    let r = w.json(&[
+        "return",
+        &child(&f, "a"),
+        "--as",
+        "a",
+        "--summary",
+        "stuck",
+        "--blocked",
+    ]);
+    assert_eq!(
+        r["fanout"]["state"], "partial",
+        "all can no longer return: {r:#}"
+    );
+
+    // A chain with no hop left: a's fan-out in it is refused, and the chain stops.
+    let root = w.json(&["send", "lead", "a", "start", "--budget", "hops=0"]);
+    let root = root["message"]["id"].as_str().unwrap().to_owned();
+    let out = w.run(&[
+        "send", "a", "--to", "lead,b", "more", "--title", "More", "--parent", &root,
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let chain = w.json(&["chain", "show", &root]);
+    assert_eq!(chain["chain"]["state"], "needs_human", "{chain:#}");
+    assert!(
+        lead_inbox(&w)
+            .iter()
+            .any(|(t, i, _)| t.starts_with("chain ")
+                && t.ends_with(" stopped")
+                && i == "notification"),
+        "the origin is told: {:?}",
+        lead_inbox(&w)
+    );
 }

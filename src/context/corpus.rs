@@ -171,8 +171,13 @@ fn merge(
             let Some(n) = value.as_f64().filter(|n| n.is_finite()) else {
                 return usage("a max value is a finite number");
             };
-            match current.and_then(Value::as_f64) {
-                Some(c) if c >= n => Ok((current.cloned().unwrap_or_default(), false)),
+            // Whole numbers compare as integers (an f64 loses them past 2^53).
+            let below = match (current.and_then(Value::as_i64), value.as_i64()) {
+                (Some(c), Some(v)) => Some(v <= c),
+                _ => current.and_then(Value::as_f64).map(|c| n <= c),
+            };
+            match below {
+                Some(true) => Ok((current.cloned().unwrap_or_default(), false)),
                 _ => Ok((value.clone(), true)),
             }
         }
@@ -460,6 +465,20 @@ mod tests {
         lib.corpus_put("b", "best", &json!(7.5), None, None)
             .unwrap();
         assert_eq!(lib.corpus_get("best").unwrap().value, json!(7.5));
+        // Whole numbers past 2^53 stay exact.
+        lib.corpus_put(
+            "a",
+            "big",
+            &json!(9_007_199_254_740_992_i64),
+            Some(Rule::Max),
+            None,
+        )
+        .unwrap();
+        let p = lib
+            .corpus_put("b", "big", &json!(9_007_199_254_740_993_i64), None, None)
+            .unwrap();
+        assert!(p.changed);
+        assert_eq!(p.entry.value, json!(9_007_199_254_740_993_i64));
         // Append-only log.
         lib.corpus_put("a", "notes", &json!("one"), Some(Rule::Log), None)
             .unwrap();
@@ -498,6 +517,6 @@ mod tests {
             .into_iter()
             .map(|e| e.key)
             .collect();
-        assert_eq!(keys, ["best", "notes", "plan", "seen"]);
+        assert_eq!(keys, ["best", "big", "notes", "plan", "seen"]);
     }
 }

@@ -243,7 +243,7 @@ impl Service {
             };
             // A fan-out's child replayed: the fan-out waits for the replay instead.
             if let Some(old) = dead.message_id.as_deref() {
-                tx.relink_fanout_child(old, &sent.message.id, &sent.message.recipient)?;
+                super::fanout::on_replay(tx, old, &sent.message, millis(now))?;
             }
             if !tx.mark_dead_letter(&id, Some(&sent.message.id), millis(now))? {
                 return refused(format!("dead letter {id} changed meanwhile; try again"));

@@ -158,11 +158,32 @@ fn check_fan_out(f: &FanOut<'_>) -> Result<(Join, Option<i64>)> {
 
 impl Service {
     /// Splits one piece of work to `f.to` in one transaction: one work message per
-    /// recipient (the first placed by the send's lineage, the others beside it in its
-    /// chain, each spending one hop) and the fan-out that joins them. Refused as a whole,
-    /// with nothing written, when any child cannot be sent (an unknown recipient, a
-    /// connection not allowed, a chain that cannot take every child).
+    /// recipient (the first placed by the send's lineage, spending the fan-out's one hop,
+    /// the others beside it in its chain) and the fan-out that joins them. Refused as a
+    /// whole, with no child sent, when any child cannot be sent (an unknown recipient, a
+    /// connection not allowed, a chain past its budget or depth); a chain the fan-out would
+    /// take past its budget is stopped and its origin told, as for any send.
     pub fn fan_out(&mut self, f: &FanOut<'_>) -> Result<FannedOut> {
+        let out = self.fan_out_in(f);
+        if let Err(ServiceError::Refused(_)) = &out
+            && let Some(first) = f.to.first()
+        {
+            // The chain's stop (and its origin's one notification) is committed on its own,
+            // as for a refused send, when the first child's placement stops it; a placement
+            // that would pass changes nothing (rolled back).
+            let now = self.now();
+            let policy = self.policy.clone();
+            let _ = self.store.write(|tx| {
+                match chains::place(tx, (f.from, first), f.lineage, &policy, now)? {
+                    Ok(_) => refused("the chain does not stop this fan-out"),
+                    Err(_) => Ok(()),
+                }
+            });
+        }
+        out
+    }
+
+    fn fan_out_in(&mut self, f: &FanOut<'_>) -> Result<FannedOut> {
         let (join, deadline_ms) = check_fan_out(f)?;
         for to in f.to {
             super::messages::check_send(f.from, to, f.body, Some(f.title), f.due_minutes, None)?;
@@ -423,7 +444,7 @@ pub(super) fn child_returned(
     // Past its deadline the fan-out is joined partial before this return counts, whether or
     // not the engine's housekeeping got to it yet: the return is late.
     if f.state == "waiting" && f.deadline_at.is_some_and(|d| d <= millis(now)) {
-        join(tx, &mut f, true, own, now)?;
+        join(tx, &mut f, (true, Some(&work_msg.id)), own, now)?;
     }
     let cancelled_by_join = w.state == WorkState::Closed
         && w.outcome.as_deref() == Some(super::chains::CANCELLED)
@@ -455,23 +476,22 @@ pub(super) fn child_returned(
             fanout: Some(f),
         });
     }
-    let answered = tx
-        .fanout_children(&f.id)?
-        .iter()
-        .filter(|c| c.answered_at.is_some() && !c.late)
-        .count();
-    let answered = i64::try_from(answered).unwrap_or(i64::MAX);
+    let (returned, reachable) = standing(tx, &f)?;
     tx.event(
         millis(now),
         Some(&work_msg.id),
         "work",
         &format!(
-            "{verb} by {actor}: {answered} of the {} fan-out {} needs",
+            "{verb} by {actor}: {returned} of the {} returns fan-out {} needs",
             f.quorum, f.id
         ),
     )?;
-    let message = if answered >= f.quorum {
-        Some(join(tx, &mut f, false, own, now)?)
+    // A blocked answer is recorded and shown, but it is no return: it counts toward no
+    // quorum, and when too few children are left to reach it, the fan-out is joined partial.
+    let message = if returned >= f.quorum {
+        Some(join(tx, &mut f, (false, None), own, now)?)
+    } else if reachable < f.quorum {
+        Some(join(tx, &mut f, (true, None), own, now)?)
     } else {
         None
     };
@@ -488,7 +508,7 @@ pub(super) fn child_returned(
 fn join(
     tx: &Tx<'_>,
     f: &mut FanoutRow,
-    partial: bool,
+    (partial, spare): (bool, Option<&str>),
     own: &model::Policy,
     now: Millis,
 ) -> Result<MessageRow> {
@@ -521,7 +541,11 @@ fn join(
     let mut cancelled = Vec::new();
     if f.cancel_rest && !unanswered.is_empty() {
         let mut msgs = Vec::new();
-        for c in &unanswered {
+        // (`spare`: the child whose late return is joining it; its part is not cancelled.)
+        for c in unanswered
+            .iter()
+            .filter(|c| Some(c.message_id.as_str()) != spare)
+        {
             if let Some(m) = tx.message(&c.message_id)? {
                 msgs.push(m);
             }
@@ -647,10 +671,55 @@ pub(super) fn join_past_deadline(tx: &Tx<'_>, own: &model::Policy, now: Millis) 
             tx.update_fanout(&f)?;
             continue;
         }
-        join(tx, &mut f, true, own, now)?;
+        join(tx, &mut f, (true, None), own, now)?;
         joined += 1;
     }
     Ok(joined)
+}
+
+/// How fan-out `f` stands: the children returned before its join (not blocked), and how
+/// many could still count (those, and the children whose work is still open, unanswered).
+fn standing(tx: &Tx<'_>, f: &FanoutRow) -> Result<(i64, i64)> {
+    let (mut returned, mut reachable) = (0, 0);
+    for k in tx.fanout_children(&f.id)? {
+        let work = tx.work(&k.message_id)?;
+        let counts = k.answered_at.is_some()
+            && !k.late
+            && work.as_ref().is_some_and(|w| w.state != WorkState::Blocked);
+        let open = k.answered_at.is_none() && work.is_some_and(|w| w.state.is_open());
+        if counts {
+            returned += 1;
+        }
+        if counts || open {
+            reachable += 1;
+        }
+    }
+    Ok((returned, reachable))
+}
+
+/// A child replayed after it died (`old`, a dead letter, now `new` to `recipient`): while
+/// its fan-out waits and its work is open, the replay is the child from then on and the old
+/// work is closed as replaced; otherwise the fan-out is left as it is.
+pub(super) fn on_replay(tx: &Tx<'_>, old: &str, new: &MessageRow, now: i64) -> Result<()> {
+    let Some(c) = tx.fanout_child(old)? else {
+        return Ok(());
+    };
+    let waiting = tx
+        .fanout(&c.fanout_id)?
+        .is_some_and(|f| f.state == "waiting");
+    let Some(mut w) = tx.work(old)?.filter(|w| w.state.is_open()) else {
+        return Ok(());
+    };
+    if !waiting || c.answered_at.is_some() {
+        return Ok(());
+    }
+    tx.relink_fanout_child(old, &new.id, &new.recipient)?;
+    w.state = WorkState::Closed;
+    w.outcome = Some("replaced".to_owned());
+    w.note = Some(format!("replayed as {}", new.id));
+    w.updated_at = now;
+    tx.update_work(&w)?;
+    Ok(())
 }
 
 /// A child's work closed by its sender before it answered: if the fan-out can no longer
@@ -670,17 +739,11 @@ pub(super) fn on_child_closed(
     if f.state != "waiting" {
         return Ok(None);
     }
-    let mut reachable = 0;
-    for k in tx.fanout_children(&f.id)? {
-        let open = tx.work(&k.message_id)?.is_some_and(|w| w.state.is_open());
-        if (k.answered_at.is_some() && !k.late) || open {
-            reachable += 1;
-        }
-    }
+    let (_, reachable) = standing(tx, &f)?;
     if reachable >= f.quorum {
         return Ok(None);
     }
-    Ok(Some(join(tx, &mut f, true, own, now)?))
+    Ok(Some(join(tx, &mut f, (true, None), own, now)?))
 }
 
 /// Marks the waiting fan-out of child message `id`, if any, cancelled (its chain was): no
