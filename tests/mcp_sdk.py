@@ -22,10 +22,13 @@ exits 1 if any fails. The checks:
   7 raw stdio probes before/after initialize (no SDK)
   8 bad input for every tool: no arguments, wrong types, 300,000-character strings
   9 the context library tools (--context-library)
+ 10 remote MCP over Streamable HTTP (`serve`'s /mcp, bearer tokens): tools, a handoff between
+    two agents, spoofing refused, a wrong and a missing token refused
 
 Planted-bug mode, for a binary built with the `planted-bugs` feature:
 
     /tmp/mcpvenv/bin/python tests/mcp_sdk.py --expect-broken spoof   # HANDOFFS_PLANT=mcp_spoof
+    /tmp/mcpvenv/bin/python tests/mcp_sdk.py --expect-broken remote-spoof  # the same, over HTTP
     /tmp/mcpvenv/bin/python tests/mcp_sdk.py --expect-broken lease   # HANDOFFS_PLANT=lease_race
 
 runs only that check with the plant set for the servers and exits 0 iff the check FAILS.
@@ -55,7 +58,9 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 
 DEFAULT_BIN = "/work/main/target/debug/handoffs"
@@ -740,6 +745,81 @@ async def check_context(env: Env) -> None:
                f"{r}; files {len(before)} -> {len(after)}")
 
 
+# ----------------------------------------------------------------- 10. remote MCP over HTTP
+
+@asynccontextmanager
+async def serving(env: Env):
+    """`handoffs serve --port 0` on loopback; yields its /mcp URL."""
+    env.wait_bin()
+    proc = subprocess.Popen(
+        [env.bin, "serve", "--port", "0"], cwd=env.tmp, env=env.cli_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    try:
+        line = await anyio.to_thread.run_sync(proc.stdout.readline)
+        url = next((w for w in line.split() if w.startswith("http://")), None)
+        if url is None:
+            raise RuntimeError(f"`handoffs serve` printed no URL: {line!r}")
+        # Keep draining stdout so the server never blocks on a full pipe.
+        threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
+        yield url.split("#")[0].rstrip("/") + "/mcp"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@asynccontextmanager
+async def remote(url: str, token: str):
+    """An SDK client over Streamable HTTP that sends `Authorization: Bearer TOKEN`."""
+    http = httpx2.AsyncClient(
+        headers={"Authorization": f"Bearer {token}"} if token else {}, timeout=httpx2.Timeout(30, read=300),
+    )
+    async with http, Client(
+        streamable_http_client(url, http_client=http), mode="legacy", cache=None, read_timeout_seconds=15,
+    ) as client:
+        yield client
+
+
+async def check_remote(env: Env) -> None:
+    tokens = {}
+    for agent in ("alice", "bob"):
+        p = env.cli("agent", "token", agent)
+        tokens[agent] = p.stdout.strip()
+        report(f"remote: `handoffs agent token {agent}` prints one token",
+               p.returncode == 0 and tokens[agent].startswith("hat_"), f"{p.returncode} {p.stderr.strip()}")
+    async with serving(env) as url:
+        async with remote(url, tokens["alice"]) as alice, remote(url, tokens["bob"]) as bob:
+            names = sorted(t.name for t in (await alice.list_tools()).tools)
+            report("remote: tools/list over HTTP lists every handoff tool",
+                   names == sorted(HANDOFF_TOOLS), f"got {names}")
+            body = f"remote {uuid.uuid4().hex[:8]}"
+            r = await call(alice, "send_handoff", {"to": "bob", "message": body, "title": "Remote"})
+            report("remote: alice's send_handoff over HTTP succeeds", not r.err, str(r))
+            r = await call(bob, "inbox", {})
+            mine = [m for m in get(r.data, "messages") or [] if m.get("title") == "Remote"]
+            report("remote: bob's inbox over HTTP holds it, from alice",
+                   not r.err and len(mine) == 1 and mine[0].get("from") == "alice", str(r))
+            for args in SPOOFS:
+                key = next(k for k in args if k not in ("to", "message"))
+                r = await call(alice, "send_handoff", args)
+                report(f"remote spoof: send_handoff with `{key}` (to {args['to']}) is refused",
+                       r.err and "acts only as alice" in r.text, str(r))
+        stored = [m for a in AGENTS for m in env.cli_json("inbox", a, "--all") if m.get("body") == "x"]
+        report("remote spoof: the refused calls stored nothing",
+               not stored, f"stored {[(m.get('sender'), m.get('recipient')) for m in stored]}")
+        refusals = (("a wrong token", "hat_" + "0" * 64, "unknown token"),
+                    ("a rotated token", tokens["alice"], "unknown token"),
+                    ("no token", "", "Authorization: Bearer"))
+        env.cli("agent", "token", "alice")  # rotates: the first token is void now
+        for label, token, says in refusals:
+            try:
+                async with remote(url, token) as c:
+                    await c.list_tools()
+                report(f"remote: {label} is refused", False, "the session opened")
+            except Exception as e:  # noqa: BLE001 - the SDK raises the server's JSON-RPC error
+                report(f"remote: {label} is refused, saying {says!r}", says in describe(e), describe(e))
+
+
 # ----------------------------------------------------------------- main
 
 CHECKS = {
@@ -752,8 +832,9 @@ CHECKS = {
     7: ("raw probes", check_raw_probes),
     8: ("bad input", check_bad_input),
     9: ("context library", check_context),
+    10: ("remote MCP over HTTP", check_remote),
 }
-BROKEN = {"spoof": (3, "mcp_spoof"), "lease": (4, "lease_race")}
+BROKEN = {"spoof": (3, "mcp_spoof"), "remote-spoof": (10, "mcp_spoof"), "lease": (4, "lease_race")}
 
 
 def describe(e: BaseException) -> str:
@@ -787,7 +868,7 @@ def main() -> int:
     ap.add_argument("--bin", default=DEFAULT_BIN, help=f"the handoffs binary (default {DEFAULT_BIN})")
     ap.add_argument("--expect-broken", choices=sorted(BROKEN),
                     help="run only that check with the bug planted; exit 0 iff the check fails")
-    ap.add_argument("--only", help="comma-separated check numbers (1-9)")
+    ap.add_argument("--only", help="comma-separated check numbers (1-10)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder")
     opts = ap.parse_args()
 

@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::io::{BufRead as _, BufReader, Write as _};
+use std::io::Write as _;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -26,30 +26,6 @@ fn exit_within(child: &mut Child, limit: Duration) -> Option<i32> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-/// Starts `cmd`, reads stdout until a line with the URL, returns (child, base URL).
-fn start(mut cmd: Command) -> (Child, String) {
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start");
-    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
-    let mut line = String::new();
-    out.read_line(&mut line).expect("read");
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap_or_else(|| panic!("no URL in {line:?}"))
-        .split('#')
-        .next()
-        .expect("url")
-        .trim_end_matches('/')
-        .to_owned();
-    // Keep draining stdout so the child never blocks on a full pipe.
-    std::thread::spawn(move || for _ in out.lines() {});
-    (child, url)
 }
 
 #[test]
@@ -78,7 +54,7 @@ fn a_client_that_never_finishes_its_request_does_not_keep_serve_running() {
     let w = common::World::new();
     let mut cmd = w.cmd();
     cmd.args(["serve", "--port", "0"]);
-    let (mut child, url) = start(cmd);
+    let (mut child, url) = common::start_serving(cmd);
     let addr = url.trim_start_matches("http://");
     let mut stalled = std::net::TcpStream::connect(addr).expect("connect");
     // One client stops in the middle of its headers, another in the middle of its body.
@@ -105,7 +81,7 @@ fn the_demo_deletes_its_data_on_sigterm_too() {
     cmd.args(["demo", "--port", "0", "--speed", "4"])
         .env("TMPDIR", tmp.path())
         .stdin(Stdio::null());
-    let (mut child, url) = start(cmd);
+    let (mut child, url) = common::start_serving(cmd);
     let folders = || {
         std::fs::read_dir(tmp.path())
             .expect("tmp")

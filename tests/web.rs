@@ -23,7 +23,11 @@ fn app(public_demo: bool) -> App {
     for a in ["planner", "writer"] {
         world.ok(&["agent", "add", a, "--provider", "demo"]);
     }
-    let options = WebOptions { public_demo };
+    let options = WebOptions {
+        public_demo,
+        remote_mcp: true,
+        ..WebOptions::default()
+    };
     let snaps = web::snapshots(&world.db, &options).expect("snapshots");
     let router = web::router(
         &world.db,

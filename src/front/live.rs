@@ -132,16 +132,25 @@ fn token_of(db: &Path) -> String {
         .unwrap_or_default()
 }
 
-fn warn_if_public(host: &str, public_demo: bool) {
+fn warn_if_public(host: &str, public_demo: bool, allow_hosts: bool) {
     let loopback = host == "localhost"
         || host
             .parse::<std::net::IpAddr>()
             .is_ok_and(|ip| ip.is_loopback());
     if !loopback && !public_demo {
-        eprintln!(
-            "handoffs: warning: listening on {host}: the page is reachable from the network (the \
-             Host check still refuses names other than localhost, and sending needs the token)"
-        );
+        if allow_hosts {
+            eprintln!(
+                "handoffs: warning: listening on {host}: the page and /mcp are reachable from the \
+                 network under the --allow-host names (sending needs the page's token, MCP an \
+                 agent's token; put TLS in front, see docs/DEPLOY.md)"
+            );
+        } else {
+            eprintln!(
+                "handoffs: warning: listening on {host}: the page is reachable from the network \
+                 (the Host check still refuses names other than localhost, and sending needs the \
+                 token; give --allow-host NAME for the name remote agents use)"
+            );
+        }
     }
 }
 
@@ -284,9 +293,11 @@ pub fn serve(
     db: &Path,
     host: &str,
     port: Option<u16>,
-    public_demo: bool,
+    options: WebOptions,
     policy: Option<model::Policy>,
 ) -> Result<Ended, ServiceError> {
+    let public_demo = options.public_demo;
+    let allow_hosts = !options.allowed_hosts.is_empty();
     Service::open(db)?;
     let stop = CancellationToken::new();
     let failure: Failure = Arc::default();
@@ -295,11 +306,11 @@ pub fn serve(
         db,
         host,
         port,
-        WebOptions { public_demo },
+        options,
         &stop,
         || engine_thread(db, policy, stop.clone(), failure.clone()),
         |addr| {
-            warn_if_public(host, public_demo);
+            warn_if_public(host, public_demo, allow_hosts);
             if public_demo {
                 eprintln!(
                     "handoffs: warning: --public-demo on a real database shows its handoffs to \
@@ -463,7 +474,10 @@ pub fn demo(
         &db,
         host,
         port,
-        WebOptions { public_demo },
+        WebOptions {
+            public_demo,
+            ..WebOptions::default()
+        },
         &stop,
         || {
             let engine = engine_thread(&db, None, stop.clone(), failure.clone())?;
@@ -484,7 +498,7 @@ pub fn demo(
             Ok(engine)
         },
         |addr| {
-            warn_if_public(host, public_demo);
+            warn_if_public(host, public_demo, false);
             let url = url_for(addr, (!public_demo).then_some(token.as_str()));
             println!("handoffs demo: open {url}");
             println!(

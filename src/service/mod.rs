@@ -18,6 +18,7 @@ pub mod pass;
 pub mod session;
 pub mod status;
 pub mod tasks;
+pub mod tokens;
 pub mod topics;
 pub mod trace;
 pub mod work;

@@ -112,6 +112,7 @@ impl Tx<'_> {
     }
 
     pub fn remove_agent(&self, id: &str) -> Result<bool> {
+        self.remove_agent_token(id)?;
         Ok(self.exec("DELETE FROM agents WHERE id = ?1", [id])? > 0)
     }
 

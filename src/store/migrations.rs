@@ -3,10 +3,10 @@
 //! does not yet build against rusqlite 0.43, and this is twenty lines.
 
 /// The schema version this build writes.
-pub const LATEST: i64 = 12;
+pub const LATEST: i64 = 13;
 
 /// `STEPS[i]` migrates from version `i` to `i + 1`.
-pub const STEPS: [&str; 12] = [
+pub const STEPS: [&str; 13] = [
     r"
 CREATE TABLE agents (
     id TEXT PRIMARY KEY,
@@ -167,4 +167,6 @@ CREATE INDEX deliveries_recipient_due ON deliveries (recipient, due_at)
     // 11 → 12: fan-outs (SPEC §8.2): a piece of work split to several agents, its join rule
     // and deadline, and which child answered when.
     super::fanouts::SCHEMA,
+    // 12 → 13: agent tokens (remote MCP over HTTP): each agent's bearer token, as its hash.
+    super::tokens::SCHEMA,
 ];

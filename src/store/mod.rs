@@ -25,6 +25,7 @@ mod fanouts;
 mod messages;
 mod migrations;
 mod runs;
+mod tokens;
 mod topics;
 mod work;
 
@@ -38,6 +39,7 @@ pub use events::{EventRow, TraceRow};
 pub use fanouts::{FanoutChildRow, FanoutRow};
 pub use messages::MessageRow;
 pub use runs::{ChannelRow, PushRow, RunRow};
+pub use tokens::TokenOwner;
 pub use topics::{PostRow, SubscriberRow, TopicRow};
 pub use work::{WorkCounts, WorkRow, WorkTimes};
 

@@ -4,6 +4,7 @@
 
 use serde_json::Value;
 use std::collections::BTreeMap;
+use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -537,6 +538,30 @@ pub fn serve(app: axum::Router) -> String {
     });
     let addr = rx.recv().expect("server address");
     format!("http://{addr}/")
+}
+
+/// Starts `cmd`, reads stdout until a line with the URL, returns (child, base URL).
+pub fn start_serving(mut cmd: Command) -> (Child, String) {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    out.read_line(&mut line).expect("read");
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no URL in {line:?}"))
+        .split('#')
+        .next()
+        .expect("url")
+        .trim_end_matches('/')
+        .to_owned();
+    // Keep draining stdout so the child never blocks on a full pipe.
+    std::thread::spawn(move || for _ in out.lines() {});
+    (child, url)
 }
 
 /// The pids of this database's run supervisors (`handoffs supervise`), from /proc.

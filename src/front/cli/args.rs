@@ -155,8 +155,15 @@ pub enum Command {
         #[arg(long)]
         port: Option<u16>,
         /// Answer any Host, refuse sends, and show plain state sentences.
-        #[arg(long)]
+        #[arg(long, conflicts_with_all = ["allow_host", "context_library"])]
         public_demo: bool,
+        /// A host name (or name:port) to answer besides localhost, for remote agents and the
+        /// page across the network; repeat it for several.
+        #[arg(long, value_name = "NAME")]
+        allow_host: Vec<String>,
+        /// A folder of Markdown files served as project memory to remote MCP sessions.
+        #[arg(long, value_name = "DIR")]
+        context_library: Option<PathBuf>,
     },
     /// Cancel one stuck delivery; never resends.
     Release {
@@ -304,6 +311,21 @@ pub enum AgentCmd {
     Remove {
         /// The agent's id.
         id: String,
+    },
+    /// Issue (or rotate) the agent's bearer token for remote MCP (`serve`'s /mcp); it is shown
+    /// once and stored only hashed. The token fixes the identity as `mcp --agent` does.
+    Token {
+        /// The agent's id.
+        id: String,
+        /// How long the token lasts, in minutes [default: 43200, thirty days].
+        #[arg(long, conflicts_with_all = ["never_expires", "revoke"])]
+        expires_minutes: Option<f64>,
+        /// The token never expires (rotate or revoke it by hand).
+        #[arg(long, conflicts_with = "revoke")]
+        never_expires: bool,
+        /// Revoke the agent's token instead: remote sessions that present it are refused.
+        #[arg(long)]
+        revoke: bool,
     },
 }
 

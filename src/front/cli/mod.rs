@@ -200,13 +200,16 @@ pub fn run(cli: &Cli) -> Result<(), Failure> {
             host,
             port,
             public_demo,
+            allow_host,
+            context_library,
         } => {
-            let policy = if std::env::var_os("HANDOFFS_POLICY").is_some() {
-                Some(policy_from_env()?)
-            } else {
-                None
+            let options = crate::front::web::WebOptions {
+                public_demo: *public_demo,
+                allowed_hosts: allow_host.clone(),
+                remote_mcp: true,
+                context_library: context_library.clone(),
             };
-            crate::front::live::serve(&db_path(cli), host, *port, *public_demo, policy)?;
+            serve(cli, host, *port, options)?;
             Err(Failure {
                 code: crate::front::live::stop_code(),
                 message: String::new(),
@@ -327,6 +330,31 @@ fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
         })
 }
 
+/// `serve`: the engine and the page (with remote MCP) until Ctrl+C.
+fn serve(
+    cli: &Cli,
+    host: &str,
+    port: Option<u16>,
+    options: crate::front::web::WebOptions,
+) -> Result<(), Failure> {
+    if let Some(bad) = options
+        .allowed_hosts
+        .iter()
+        .find(|h| h.is_empty() || h.contains(['/', ' ', '@', ',']))
+    {
+        return Err(usage(format!(
+            "--allow-host {bad:?} is not a host name (give one name, or name:port, each time)"
+        )));
+    }
+    let policy = if std::env::var_os("HANDOFFS_POLICY").is_some() {
+        Some(policy_from_env()?)
+    } else {
+        None
+    };
+    crate::front::live::serve(&db_path(cli), host, port, options, policy)?;
+    Ok(())
+}
+
 fn agent(cli: &Cli, cmd: &AgentCmd) -> Result<(), Failure> {
     let mut s = open(cli)?;
     match cmd {
@@ -369,6 +397,46 @@ fn agent(cli: &Cli, cmd: &AgentCmd) -> Result<(), Failure> {
         AgentCmd::Remove { id } => {
             s.remove_agent(id)?;
             emit(cli, &json!({"removed": id}), || format!("{id} removed"));
+        }
+        AgentCmd::Token {
+            id,
+            expires_minutes,
+            never_expires,
+            revoke,
+        } => {
+            if *revoke {
+                let had = s.revoke_agent_token(id)?;
+                emit(cli, &json!({"agent": id, "revoked": had}), || {
+                    if had {
+                        format!("{id}: token revoked")
+                    } else {
+                        format!("{id} had no token")
+                    }
+                });
+                return Ok(());
+            }
+            let ttl = if *never_expires {
+                None
+            } else {
+                Some(expires_minutes.unwrap_or(crate::service::tokens::TTL_DEFAULT_MINUTES))
+            };
+            let t = s.issue_agent_token(id, ttl)?;
+            if !cli.json {
+                // The token alone on stdout (`TOKEN=$(handoffs agent token ID)`); the rest is
+                // for the person.
+                let until = t.expires_at.map_or("never expires".to_owned(), |at| {
+                    format!("expires {}", crate::text::when(at))
+                });
+                let was = if t.rotated {
+                    "; the old one no longer works"
+                } else {
+                    ""
+                };
+                eprintln!(
+                    "handoffs: agent {id}'s token for serve's /mcp, shown once; {until}{was}"
+                );
+            }
+            emit(cli, &t, || t.token.clone());
         }
     }
     Ok(())

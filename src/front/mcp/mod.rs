@@ -10,6 +10,7 @@
 //! typed, becomes a tool error with one clear sentence, never a protocol failure or a crash.
 //! The input schemas that `tools/list` shows are generated from the same typed structs.
 
+pub mod http;
 mod tools;
 pub mod transport;
 

@@ -74,6 +74,44 @@ fn csp(page: &str) -> String {
 pub struct WebOptions {
     /// Serve any Host, refuse sends, and show plain state sentences instead of adapter errors.
     pub public_demo: bool,
+    /// Host names (or `name:port`) answered besides loopback (`serve --allow-host`).
+    pub allowed_hosts: Vec<String>,
+    /// Answer remote MCP at `/mcp` (off for the public demo, which answers any Host).
+    pub remote_mcp: bool,
+    /// The context library remote MCP sessions serve (`serve --context-library`).
+    pub context_library: Option<std::path::PathBuf>,
+}
+
+impl WebOptions {
+    /// True for a Host (or Origin host) this server answers to: loopback, or one allowed by
+    /// name (with any port) or by `name:port`.
+    pub fn host_allowed(&self, host: &str) -> bool {
+        if loopback_host(host) {
+            return true;
+        }
+        let host = host.trim_end_matches('.').to_ascii_lowercase();
+        let name = host_name(&host);
+        self.allowed_hosts.iter().any(|a| {
+            let a = a.trim_end_matches('.').to_ascii_lowercase();
+            // An entry with a port names that authority only; one without, any port.
+            if host_name(&a) == a {
+                a == name
+            } else {
+                a == host
+            }
+        })
+    }
+}
+
+/// The name part of a `host[:port]` authority (an IPv6 address keeps its brackets).
+fn host_name(host: &str) -> &str {
+    if host.starts_with('[') {
+        return host.split_inclusive(']').next().unwrap_or(host);
+    }
+    match host.rsplit_once(':') {
+        Some((h, port)) if port.chars().all(|c| c.is_ascii_digit()) => h,
+        _ => host,
+    }
 }
 
 /// What the snapshot thread publishes.
@@ -93,6 +131,8 @@ struct AppState {
     options: WebOptions,
     /// Ends the event streams when the server shuts down.
     stop: tokio_util::sync::CancellationToken,
+    /// Remote MCP at `/mcp`, when on.
+    remote: Option<Arc<crate::front::mcp::http::Remote>>,
 }
 
 /// A running snapshot thread; dropping it stops the thread.
@@ -171,12 +211,22 @@ pub fn router(
             token_file.display()
         )));
     }
+    let remote = if options.remote_mcp && !options.public_demo {
+        Some(Arc::new(crate::front::mcp::http::Remote::new(
+            service.db_path().to_owned(),
+            options.context_library.clone(),
+            stop.clone(),
+        )?))
+    } else {
+        None
+    };
     let state = Arc::new(AppState {
         snapshot: snapshots.rx.clone(),
         service: Mutex::new(service),
         token,
         options,
         stop,
+        remote,
     });
     let guarded = state.clone();
     Ok(Router::new()
@@ -189,6 +239,7 @@ pub fn router(
         .route("/api/spend", post(spend))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
+        .route("/mcp", axum::routing::any(mcp))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "no such page") })
         .method_not_allowed_fallback(|| async {
             error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed here")
@@ -270,10 +321,15 @@ async fn host_check(
             .authority()
             .map(axum::http::uri::Authority::as_str);
         let named = target.or(host);
-        if !named.is_some_and(loopback_host) || !host.is_none_or(loopback_host) {
+        let allowed = |h: &str| state.options.host_allowed(h);
+        if !named.is_some_and(allowed) || !host.is_none_or(allowed) {
             return error(
                 StatusCode::FORBIDDEN,
-                "this server answers only to localhost (the Host header is not loopback)",
+                if state.options.allowed_hosts.is_empty() {
+                    "this server answers only to localhost (the Host header is not loopback)"
+                } else {
+                    "this server answers only to localhost and its --allow-host names (the Host header is neither)"
+                },
             );
         }
     }
@@ -289,6 +345,24 @@ async fn host_check(
     );
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     res
+}
+
+/// `/mcp`: remote MCP for agents with a token (off in the public demo).
+async fn mcp(State(state): State<Arc<AppState>>, req: axum::extract::Request) -> Response {
+    let Some(remote) = state.remote.clone() else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "remote MCP is off on this server (the public demo does not offer it)",
+        );
+    };
+    // A browser names the page that sent the request: it must be one of this server's hosts.
+    let origin_allowed = req.headers().get_all(header::ORIGIN).iter().all(|o| {
+        o.to_str().ok().is_some_and(|o| {
+            o.split_once("://")
+                .is_some_and(|(_, authority)| state.options.host_allowed(authority))
+        })
+    });
+    remote.handle(origin_allowed, req).await
 }
 
 async fn page() -> Response {

@@ -1,0 +1,474 @@
+//! Remote MCP (`handoffs serve`'s `/mcp`, Streamable HTTP) as a real process: two agents with
+//! their own tokens hand work to each other; the token fixes the identity (a spoofing argument,
+//! another agent's session, a wrong, rotated, revoked or expired token are all refused), and
+//! the page's Host and Origin checks apply.
+
+mod common;
+
+use serde_json::{Value, json};
+use std::process::Child;
+use std::time::Duration;
+
+struct Serving {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve(w: &common::World, extra: &[&str]) -> Serving {
+    let mut cmd = w.cmd();
+    cmd.args(["serve", "--port", "0"]).args(extra);
+    let (child, url) = common::start_serving(cmd);
+    Serving {
+        child,
+        url: format!("{url}/mcp"),
+    }
+}
+
+fn token(w: &common::World, args: &[&str]) -> String {
+    let mut all = vec!["agent", "token"];
+    all.extend_from_slice(args);
+    let t = w.ok(&all).trim().to_owned();
+    assert!(t.starts_with("hat_") && t.len() == 68, "{t:?}");
+    t
+}
+
+/// What one POST to /mcp came back with.
+struct Reply {
+    status: u16,
+    headers: reqwest::header::HeaderMap,
+    /// The JSON-RPC response (from the JSON body or the event stream), if any.
+    message: Option<Value>,
+    text: String,
+}
+
+impl Reply {
+    fn session(&self) -> String {
+        self.headers
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_else(|| panic!("no session id: {} {}", self.status, self.text))
+            .to_owned()
+    }
+
+    /// The text of a tools/call result, and whether it is an error.
+    fn tool(&self) -> (String, bool) {
+        let m = self
+            .message
+            .as_ref()
+            .unwrap_or_else(|| panic!("no message: {} {}", self.status, self.text));
+        let result = &m["result"];
+        let text = result["content"][0]["text"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no tool text in {m}"))
+            .to_owned();
+        (text, result["isError"].as_bool().unwrap_or(false))
+    }
+}
+
+struct Client {
+    http: reqwest::Client,
+    url: String,
+}
+
+impl Client {
+    async fn post(&self, headers: &[(&str, &str)], body: &Value) -> Reply {
+        let mut req = self
+            .http
+            .post(&self.url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(body.to_string());
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let res = req.send().await.expect("request");
+        let status = res.status().as_u16();
+        let headers = res.headers().clone();
+        // Read the event stream only until the answer arrives: the stream may stay open.
+        let mut text = String::new();
+        let mut message = None;
+        let mut res = res;
+        while let Ok(Some(chunk)) = tokio::time::timeout(Duration::from_secs(20), res.chunk())
+            .await
+            .expect("answer in time")
+        {
+            text.push_str(&String::from_utf8_lossy(&chunk));
+            message = answer(&text, body.get("id"));
+            if message.is_some() {
+                break;
+            }
+        }
+        Reply {
+            status,
+            headers,
+            message,
+            text,
+        }
+    }
+
+    async fn call(
+        &self,
+        token: &str,
+        session: &str,
+        id: i64,
+        method: &str,
+        params: Value,
+    ) -> Reply {
+        let auth = format!("Bearer {token}");
+        self.post(
+            &[
+                ("authorization", &auth),
+                ("mcp-session-id", session),
+                ("mcp-protocol-version", "2025-06-18"),
+            ],
+            &json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
+        )
+        .await
+    }
+
+    /// Opens a session as the token's agent; returns its id.
+    async fn open(&self, token: &str) -> String {
+        let auth = format!("Bearer {token}");
+        let init = self
+            .post(
+                &[("authorization", &auth)],
+                &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                    "protocolVersion": "2025-06-18", "capabilities": {},
+                    "clientInfo": {"name": "remote-test", "version": "1"}}}),
+            )
+            .await;
+        assert_eq!(init.status, 200, "{}", init.text);
+        let session = init.session();
+        let done = self
+            .post(
+                &[
+                    ("authorization", &auth),
+                    ("mcp-session-id", &session),
+                    ("mcp-protocol-version", "2025-06-18"),
+                ],
+                &json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+            )
+            .await;
+        assert_eq!(done.status, 202, "{}", done.text);
+        session
+    }
+}
+
+/// The JSON-RPC response with `id` in a body that is JSON or an event stream.
+fn answer(text: &str, id: Option<&Value>) -> Option<Value> {
+    let id = id?;
+    if let Ok(v) = serde_json::from_str::<Value>(text.trim()) {
+        return (v.get("id") == Some(id)).then_some(v);
+    }
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+        .find(|v| v.get("id") == Some(id))
+}
+
+fn world() -> common::World {
+    let w = common::World::new();
+    w.ok(&["agent", "add", "alice", "--provider", "demo"]);
+    w.ok(&["agent", "add", "bob", "--provider", "demo"]);
+    w
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_remote_agents_hand_work_to_each_other_each_as_its_token_says() {
+    let w = world();
+    let (ta, tb) = (token(&w, &["alice"]), token(&w, &["bob"]));
+    let s = serve(&w, &[]);
+    let c = Client {
+        http: reqwest::Client::new(),
+        url: s.url.clone(),
+    };
+    let (sa, sb) = (c.open(&ta).await, c.open(&tb).await);
+    assert_ne!(sa, sb);
+
+    let sent = c
+        .call(
+            &ta,
+            &sa,
+            1,
+            "tools/call",
+            json!({"name": "send_handoff", "arguments": {
+            "to": "bob", "message": "please review the parser", "title": "Review"}}),
+        )
+        .await;
+    let (text, is_error) = sent.tool();
+    assert!(!is_error, "{text}");
+
+    let inbox = c
+        .call(
+            &tb,
+            &sb,
+            2,
+            "tools/call",
+            json!({"name": "inbox", "arguments": {}}),
+        )
+        .await;
+    let (text, is_error) = inbox.tool();
+    assert!(!is_error, "{text}");
+    let listed: Value = serde_json::from_str(&text).expect("inbox JSON");
+    let first = &listed["messages"][0];
+    assert_eq!(first["from"], "alice", "{listed}");
+    assert_eq!(first["title"], "Review", "{listed}");
+    let message = first["id"].as_str().expect("id").to_owned();
+
+    // Bob answers through his own session: the return goes back as his.
+    let accepted = c
+        .call(
+            &tb,
+            &sb,
+            3,
+            "tools/call",
+            json!({"name": "accept_work", "arguments": {"id": message}}),
+        )
+        .await;
+    assert!(!accepted.tool().1, "{}", accepted.tool().0);
+    let returned = c
+        .call(
+            &tb,
+            &sb,
+            4,
+            "tools/call",
+            json!({"name": "return_work", "arguments": {
+            "id": message, "summary": "looks right"}}),
+        )
+        .await;
+    assert!(!returned.tool().1, "{}", returned.tool().0);
+    let back = w.json(&["inbox", "alice"]);
+    let back = back.as_array().expect("inbox list");
+    assert!(
+        back.iter()
+            .any(|m| m["sender"] == "bob" && m["kind"] == "return"),
+        "{back:?}"
+    );
+
+    // A spoofing argument is refused before anything else, as on stdio.
+    let spoof = c
+        .call(
+            &ta,
+            &sa,
+            5,
+            "tools/call",
+            json!({"name": "send_handoff", "arguments": {
+            "to": "bob", "message": "from bob, honest", "from": "bob"}}),
+        )
+        .await;
+    let (text, is_error) = spoof.tool();
+    assert!(is_error && text.contains("acts only as alice"), "{text}");
+
+    // Alice's token on Bob's session finds no session: the token never reaches a session it
+    // did not open.
+    let stolen = c
+        .call(
+            &ta,
+            &sb,
+            6,
+            "tools/call",
+            json!({"name": "inbox", "arguments": {}}),
+        )
+        .await;
+    assert_eq!(stolen.status, 404, "{}", stolen.text);
+    assert!(stolen.message.is_none(), "{}", stolen.text);
+
+    // What Bob received came from Alice alone: one handoff, none "from bob".
+    let bob = w.json(&["inbox", "bob"]);
+    let bob = bob.as_array().expect("inbox list");
+    assert_eq!(bob.len(), 1, "{bob:?}");
+    assert_eq!(bob[0]["sender"], "alice");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_missing_rotated_revoked_and_expired_tokens_are_refused() {
+    let w = world();
+    let ta = token(&w, &["alice"]);
+    let short = token(&w, &["bob", "--expires-minutes", "0.01"]);
+    let s = serve(&w, &[]);
+    let c = Client {
+        http: reqwest::Client::new(),
+        url: s.url.clone(),
+    };
+    let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "remote-test", "version": "1"}}});
+    let refused = |r: &Reply, says: &str| {
+        assert_eq!(r.status, 401, "{}", r.text);
+        assert!(r.text.contains(says), "{says:?} not in {}", r.text);
+        assert!(
+            r.headers
+                .get("www-authenticate")
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.starts_with("Bearer")),
+            "{:?}",
+            r.headers
+        );
+    };
+    refused(&c.post(&[], &init).await, "Authorization: Bearer");
+    let basic = c
+        .post(&[("authorization", "Basic YWxpY2U6eA==")], &init)
+        .await;
+    refused(&basic, "Authorization: Bearer");
+    let wrong = format!("Bearer hat_{}", "0".repeat(64));
+    refused(
+        &c.post(&[("authorization", &wrong)], &init).await,
+        "unknown token",
+    );
+
+    // Expired: the short token worked for its 600 ms, and is refused after.
+    std::thread::sleep(Duration::from_millis(700));
+    let expired = c
+        .post(&[("authorization", &format!("Bearer {short}"))], &init)
+        .await;
+    refused(&expired, "expired");
+
+    // A session opened before a rotation ends with it: the old token is refused at once.
+    let sa = c.open(&ta).await;
+    let rotated = token(&w, &["alice"]);
+    let old = c
+        .call(
+            &ta,
+            &sa,
+            1,
+            "tools/call",
+            json!({"name": "inbox", "arguments": {}}),
+        )
+        .await;
+    refused(&old, "unknown token");
+    let fresh = c
+        .call(
+            &rotated,
+            &sa,
+            2,
+            "tools/call",
+            json!({"name": "inbox", "arguments": {}}),
+        )
+        .await;
+    assert!(!fresh.tool().1, "{}", fresh.text);
+    w.ok(&["agent", "token", "alice", "--revoke"]);
+    let revoked = c
+        .call(
+            &rotated,
+            &sa,
+            3,
+            "tools/call",
+            json!({"name": "inbox", "arguments": {}}),
+        )
+        .await;
+    refused(&revoked, "unknown token");
+    // Nothing was sent by any refused request.
+    assert_eq!(w.json(&["inbox", "bob"]).as_array().map(Vec::len), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_and_origin_checks_apply_to_mcp() {
+    let w = world();
+    let ta = token(&w, &["alice"]);
+    let auth = format!("Bearer {ta}");
+    let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "remote-test", "version": "1"}}});
+    let http = reqwest::Client::new();
+
+    let plain = serve(&w, &[]);
+    let c = Client {
+        http: http.clone(),
+        url: plain.url.clone(),
+    };
+    let port = plain
+        .url
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.split('/').next())
+        .expect("port");
+    let named = format!("agents.example:{port}");
+    let r = c
+        .post(&[("authorization", &auth), ("host", &named)], &init)
+        .await;
+    assert_eq!(r.status, 403, "{}", r.text);
+    let r = c
+        .post(
+            &[("authorization", &auth), ("origin", "https://evil.example")],
+            &init,
+        )
+        .await;
+    assert_eq!(r.status, 403, "{}", r.text);
+    assert!(r.text.contains("Origin"), "{}", r.text);
+    let r = c
+        .post(
+            &[
+                ("authorization", &auth),
+                ("origin", &format!("http://localhost:{port}")),
+            ],
+            &init,
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    drop(plain);
+
+    // With --allow-host, that name is answered (the page's check, with one more name).
+    let open = serve(&w, &["--allow-host", "agents.example"]);
+    let c = Client {
+        http,
+        url: open.url.clone(),
+    };
+    let port = open
+        .url
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.split('/').next())
+        .expect("port");
+    let named = format!("agents.example:{port}");
+    let r = c
+        .post(
+            &[
+                ("authorization", &auth),
+                ("host", &named),
+                ("origin", &format!("https://{named}")),
+            ],
+            &init,
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let r = c
+        .post(
+            &[
+                ("authorization", &auth),
+                ("host", &format!("other.example:{port}")),
+            ],
+            &init,
+        )
+        .await;
+    assert_eq!(r.status, 403, "{}", r.text);
+}
+
+#[test]
+fn token_commands_check_their_input() {
+    let w = world();
+    let out = w.run(&["agent", "token", "nobody"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown agent"));
+    for bad in ["0", "-5", "nan", "1e12"] {
+        let out = w.run(&["agent", "token", "alice", "--expires-minutes", bad]);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {out:?}");
+    }
+    let out = w.run(&["agent", "token", "alice", "--never-expires", "--revoke"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let out = w.run(&["serve", "--allow-host", "a/b"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let t = w.json(&["agent", "token", "alice", "--never-expires"]);
+    assert!(t["expires_at"].is_null() && t["agent"] == "alice", "{t}");
+    // Removing the agent takes its token with it.
+    w.ok(&["agent", "remove", "alice"]);
+    w.ok(&["agent", "add", "alice", "--provider", "demo"]);
+    let again = w.json(&["agent", "token", "alice"]);
+    assert_eq!(again["rotated"], false, "{again}");
+}
