@@ -133,6 +133,19 @@ impl Client {
         .await
     }
 
+    /// Calls the tool `name` with `arguments` in `session`.
+    async fn tool(
+        &self,
+        token: &str,
+        session: &str,
+        id: i64,
+        name: &str,
+        arguments: Value,
+    ) -> Reply {
+        let params = json!({"name": name, "arguments": arguments});
+        self.call(token, session, id, "tools/call", params).await
+    }
+
     /// Opens a session as the token's agent; returns its id.
     async fn open(&self, token: &str) -> String {
         let auth = format!("Bearer {token}");
@@ -193,27 +206,19 @@ async fn two_remote_agents_hand_work_to_each_other_each_as_its_token_says() {
     assert_ne!(sa, sb);
 
     let sent = c
-        .call(
+        .tool(
             &ta,
             &sa,
             1,
-            "tools/call",
-            json!({"name": "send_handoff", "arguments": {
-            "to": "bob", "message": "please review the parser", "title": "Review"}}),
+            "send_handoff",
+            json!({
+            "to": "bob", "message": "please review the parser", "title": "Review"}),
         )
         .await;
     let (text, is_error) = sent.tool();
     assert!(!is_error, "{text}");
 
-    let inbox = c
-        .call(
-            &tb,
-            &sb,
-            2,
-            "tools/call",
-            json!({"name": "inbox", "arguments": {}}),
-        )
-        .await;
+    let inbox = c.tool(&tb, &sb, 2, "inbox", json!({})).await;
     let (text, is_error) = inbox.tool();
     assert!(!is_error, "{text}");
     let listed: Value = serde_json::from_str(&text).expect("inbox JSON");
@@ -224,23 +229,17 @@ async fn two_remote_agents_hand_work_to_each_other_each_as_its_token_says() {
 
     // Bob answers through his own session: the return goes back as his.
     let accepted = c
-        .call(
-            &tb,
-            &sb,
-            3,
-            "tools/call",
-            json!({"name": "accept_work", "arguments": {"id": message}}),
-        )
+        .tool(&tb, &sb, 3, "accept_work", json!({"id": message}))
         .await;
     assert!(!accepted.tool().1, "{}", accepted.tool().0);
     let returned = c
-        .call(
+        .tool(
             &tb,
             &sb,
             4,
-            "tools/call",
-            json!({"name": "return_work", "arguments": {
-            "id": message, "summary": "looks right"}}),
+            "return_work",
+            json!({
+            "id": message, "summary": "looks right"}),
         )
         .await;
     assert!(!returned.tool().1, "{}", returned.tool().0);
@@ -254,13 +253,13 @@ async fn two_remote_agents_hand_work_to_each_other_each_as_its_token_says() {
 
     // A spoofing argument is refused before anything else, as on stdio.
     let spoof = c
-        .call(
+        .tool(
             &ta,
             &sa,
             5,
-            "tools/call",
-            json!({"name": "send_handoff", "arguments": {
-            "to": "bob", "message": "from bob, honest", "from": "bob"}}),
+            "send_handoff",
+            json!({
+            "to": "bob", "message": "from bob, honest", "from": "bob"}),
         )
         .await;
     let (text, is_error) = spoof.tool();
@@ -268,15 +267,7 @@ async fn two_remote_agents_hand_work_to_each_other_each_as_its_token_says() {
 
     // Alice's token on Bob's session finds no session: the token never reaches a session it
     // did not open.
-    let stolen = c
-        .call(
-            &ta,
-            &sb,
-            6,
-            "tools/call",
-            json!({"name": "inbox", "arguments": {}}),
-        )
-        .await;
+    let stolen = c.tool(&ta, &sb, 6, "inbox", json!({})).await;
     assert_eq!(stolen.status, 404, "{}", stolen.text);
     assert!(stolen.message.is_none(), "{}", stolen.text);
 
@@ -323,46 +314,27 @@ async fn wrong_missing_rotated_revoked_and_expired_tokens_are_refused() {
         "unknown token",
     );
 
-    // Expired: the short token worked for its 600 ms, and is refused after.
+    // Expired: the short token (600 ms) is refused once its time is up.
     std::thread::sleep(Duration::from_millis(700));
     let expired = c
         .post(&[("authorization", &format!("Bearer {short}"))], &init)
         .await;
     refused(&expired, "expired");
 
-    // A session opened before a rotation ends with it: the old token is refused at once.
+    // A rotation: the old token is refused at once, and the sessions it opened end with it
+    // (a leaked token's sessions must not outlive it), so the new token opens its own.
     let sa = c.open(&ta).await;
     let rotated = token(&w, &["alice"]);
-    let old = c
-        .call(
-            &ta,
-            &sa,
-            1,
-            "tools/call",
-            json!({"name": "inbox", "arguments": {}}),
-        )
-        .await;
+    let inbox = json!({});
+    let old = c.tool(&ta, &sa, 1, "inbox", inbox.clone()).await;
     refused(&old, "unknown token");
-    let fresh = c
-        .call(
-            &rotated,
-            &sa,
-            2,
-            "tools/call",
-            json!({"name": "inbox", "arguments": {}}),
-        )
-        .await;
+    let ended = c.tool(&rotated, &sa, 2, "inbox", inbox.clone()).await;
+    assert_eq!(ended.status, 404, "{}", ended.text);
+    let sa = c.open(&rotated).await;
+    let fresh = c.tool(&rotated, &sa, 2, "inbox", inbox).await;
     assert!(!fresh.tool().1, "{}", fresh.text);
     w.ok(&["agent", "token", "alice", "--revoke"]);
-    let revoked = c
-        .call(
-            &rotated,
-            &sa,
-            3,
-            "tools/call",
-            json!({"name": "inbox", "arguments": {}}),
-        )
-        .await;
+    let revoked = c.tool(&rotated, &sa, 3, "inbox", json!({})).await;
     refused(&revoked, "unknown token");
     // Nothing was sent by any refused request.
     assert_eq!(w.json(&["inbox", "bob"]).as_array().map(Vec::len), Some(0));
@@ -448,6 +420,42 @@ async fn host_and_origin_checks_apply_to_mcp() {
         )
         .await;
     assert_eq!(r.status, 403, "{}", r.text);
+    // The same name with a trailing dot, or in capitals, is the same host.
+    for host in [
+        format!("agents.example.:{port}"),
+        format!("AGENTS.example:{port}"),
+    ] {
+        let r = c
+            .post(&[("authorization", &auth), ("host", &host)], &init)
+            .await;
+        assert_eq!(r.status, 200, "{host}: {}", r.text);
+    }
+    // Under an --allow-host name only /mcp and /healthz answer: the page and its API (which
+    // show every message without a token) stay on localhost.
+    let base = open.url.trim_end_matches("/mcp").to_owned();
+    let get = |path: &str, host: String| {
+        let http = c.http.clone();
+        let url = format!("{base}{path}");
+        async move {
+            http.get(url)
+                .header("host", host)
+                .send()
+                .await
+                .expect("request")
+                .status()
+                .as_u16()
+        }
+    };
+    for path in ["/", "/api/status", "/api/events", "/metrics"] {
+        assert_eq!(get(path, named.clone()).await, 403, "{path} under {named}");
+        assert_eq!(
+            get(path, format!("localhost:{port}")).await,
+            200,
+            "{path} on localhost"
+        );
+    }
+    assert_eq!(get("/api/stream", named.clone()).await, 403);
+    assert_eq!(get("/healthz", named.clone()).await, 200);
 }
 
 #[test]
@@ -462,13 +470,196 @@ fn token_commands_check_their_input() {
     }
     let out = w.run(&["agent", "token", "alice", "--never-expires", "--revoke"]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
-    let out = w.run(&["serve", "--allow-host", "a/b"]);
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    for bad in [
+        "a/b",
+        "",
+        "*.example",
+        "2001:db8::1",
+        "[zz]",
+        "host:99999",
+        "user@host",
+        "a b",
+    ] {
+        let out = w.run(&["serve", "--allow-host", bad]);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("--allow-host"),
+            "{out:?}"
+        );
+    }
+    let none = w.json(&["agent", "token", "alice", "--show"]);
+    assert_eq!(none["token"], false, "{none}");
     let t = w.json(&["agent", "token", "alice", "--never-expires"]);
     assert!(t["expires_at"].is_null() && t["agent"] == "alice", "{t}");
+    // --show tells that there is one, never the token itself.
+    let shown = w.ok(&["--json", "agent", "token", "alice", "--show"]);
+    assert!(
+        shown.contains("\"token\": true") || shown.contains("\"token\":true"),
+        "{shown}"
+    );
+    assert!(!shown.contains("hat_"), "{shown}");
+    assert!(
+        w.ok(&["agent", "token", "alice", "--show"])
+            .contains("never expires")
+    );
+    let out = w.run(&["agent", "token", "alice", "--show", "--revoke"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
     // Removing the agent takes its token with it.
     w.ok(&["agent", "remove", "alice"]);
     w.ok(&["agent", "add", "alice", "--provider", "demo"]);
     let again = w.json(&["agent", "token", "alice"]);
     assert_eq!(again["rotated"], false, "{again}");
+}
+
+/// `serve --tls-cert/--tls-key`: the same endpoint over HTTPS, a client that trusts the
+/// certificate opens a session, and plain HTTP to that port gets no answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_answers_over_tls_with_the_certificate_it_was_given() {
+    let w = world();
+    let ta = token(&w, &["alice"]);
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("cert");
+    let dir = w.db.parent().expect("folder").to_owned();
+    let (cert_file, key_file) = (dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&cert_file, cert.cert.pem()).expect("write cert");
+    std::fs::write(&key_file, cert.signing_key.serialize_pem()).expect("write key");
+    let mut cmd = w.cmd();
+    cmd.args(["serve", "--port", "0", "--tls-cert"])
+        .arg(&cert_file)
+        .arg("--tls-key")
+        .arg(&key_file);
+    let (child, url) = common::start_serving(cmd);
+    let s = Serving {
+        child,
+        url: format!("{url}/mcp"),
+    };
+    assert!(s.url.starts_with("https://127.0.0.1:"), "{}", s.url);
+    let port = s
+        .url
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.split('/').next())
+        .expect("port");
+    let trusted = reqwest::Client::builder()
+        .add_root_certificate(
+            reqwest::Certificate::from_pem(cert.cert.pem().as_bytes()).expect("pem"),
+        )
+        .build()
+        .expect("client");
+    let c = Client {
+        http: trusted,
+        url: format!("https://localhost:{port}/mcp"),
+    };
+    let session = c.open(&ta).await;
+    let inbox = c.tool(&ta, &session, 1, "inbox", json!({})).await;
+    assert!(!inbox.tool().1, "{}", inbox.text);
+    // Without the token, HTTPS changes nothing about the refusal.
+    let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "remote-test", "version": "1"}}});
+    assert_eq!(c.post(&[], &init).await.status, 401);
+    // Plain HTTP to the TLS port is not served.
+    let plain = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{port}/mcp"))
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await;
+    assert!(
+        plain.is_err() || !plain.as_ref().is_ok_and(|r| r.status().is_success()),
+        "{plain:?}"
+    );
+    drop(s);
+
+    // A key that is not the certificate's, a missing file, one flag alone: usage errors.
+    let other = rcgen::generate_simple_self_signed(vec!["other".to_owned()]).expect("cert");
+    let other_key = dir.join("other.pem");
+    std::fs::write(&other_key, other.signing_key.serialize_pem()).expect("write key");
+    let cert_arg = cert_file.to_str().expect("utf-8");
+    for (args, says) in [
+        (
+            vec![
+                "--tls-cert",
+                cert_arg,
+                "--tls-key",
+                other_key.to_str().expect("utf-8"),
+            ],
+            "do not make a usable pair",
+        ),
+        (
+            vec!["--tls-cert", "/nonexistent/cert.pem", "--tls-key", cert_arg],
+            "--tls-cert /nonexistent/cert.pem",
+        ),
+        (
+            vec!["--tls-cert", cert_arg, "--tls-key", cert_arg],
+            "--tls-key",
+        ),
+        (vec!["--tls-cert", cert_arg], "--tls-key"),
+    ] {
+        let mut all = vec!["serve", "--port", "0"];
+        all.extend(args);
+        let out = w.run(&all);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{all:?}: {err}");
+        assert!(err.contains(says), "{says:?} not in {err}");
+    }
+}
+
+/// Open sessions per agent are bounded (a client that never closes cannot use up the server's
+/// files), closing one makes room, and rmcp's plain-text refusals come back as JSON-RPC errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_are_bounded_per_agent_and_refusals_are_json() {
+    let w = world();
+    let (ta, tb) = (token(&w, &["alice"]), token(&w, &["bob"]));
+    let s = serve(&w, &[]);
+    let c = Client {
+        http: reqwest::Client::new(),
+        url: s.url.clone(),
+    };
+    let mut open = Vec::new();
+    for _ in 0..16 {
+        open.push(c.open(&ta).await);
+    }
+    let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "remote-test", "version": "1"}}});
+    let auth = format!("Bearer {ta}");
+    let full = c.post(&[("authorization", &auth)], &init).await;
+    assert_eq!(full.status, 429, "{}", full.text);
+    assert!(full.text.contains("16 open sessions"), "{}", full.text);
+    // Another agent is not held up by alice's sessions.
+    c.open(&tb).await;
+    // Closing one makes room; closing it again finds no session.
+    let close = |session: String| {
+        let http = c.http.clone();
+        let (url, auth) = (c.url.clone(), auth.clone());
+        async move {
+            http.delete(url)
+                .header("authorization", auth)
+                .header("mcp-session-id", session)
+                .header("mcp-protocol-version", "2025-06-18")
+                .send()
+                .await
+                .expect("delete")
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(close(open[0].clone()).await, 204);
+    assert_eq!(close(open[0].clone()).await, 404);
+    c.open(&ta).await;
+
+    // A body that is not JSON: refused with a JSON-RPC error body, not plain text.
+    let bad = c
+        .http
+        .post(&c.url)
+        .header("authorization", &auth)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body("{not json")
+        .send()
+        .await
+        .expect("request");
+    let status = bad.status().as_u16();
+    let body: Value = bad.json().await.expect("a JSON body");
+    assert!((400..500).contains(&status), "{status} {body}");
+    assert!(body["error"]["message"].is_string(), "{body}");
 }

@@ -132,17 +132,22 @@ fn token_of(db: &Path) -> String {
         .unwrap_or_default()
 }
 
-fn warn_if_public(host: &str, public_demo: bool, allow_hosts: bool) {
+fn warn_if_public(host: &str, public_demo: bool, allow_hosts: bool, https: bool) {
     let loopback = host == "localhost"
         || host
             .parse::<std::net::IpAddr>()
             .is_ok_and(|ip| ip.is_loopback());
     if !loopback && !public_demo {
         if allow_hosts {
+            let clear = if https {
+                ""
+            } else {
+                "; without --tls-cert/--tls-key the agents' tokens cross the network in clear \
+                 text unless a TLS proxy is in front (docs/MCP.md)"
+            };
             eprintln!(
-                "handoffs: warning: listening on {host}: the page and /mcp are reachable from the \
-                 network under the --allow-host names (sending needs the page's token, MCP an \
-                 agent's token; put TLS in front, see docs/DEPLOY.md)"
+                "handoffs: warning: listening on {host}: /mcp is reachable from the network under \
+                 the --allow-host names, for agents with a token (the page stays on localhost){clear}"
             );
         } else {
             eprintln!(
@@ -199,10 +204,17 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 /// Binds, builds the page, then starts the engine (`start`) so that nothing is delivered by a
 /// server that could not start, announces the address, and serves until Ctrl+C, SIGTERM,
 /// SIGHUP or `stop`. Returns the engine's thread.
+/// Where and how the page listens.
+struct Listen<'a> {
+    host: &'a str,
+    port: Option<u16>,
+    /// HTTPS with this configuration (`serve --tls-cert/--tls-key`).
+    tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
+}
+
 fn run_web(
     db: &Path,
-    host: &str,
-    port: Option<u16>,
+    Listen { host, port, tls }: Listen<'_>,
     options: WebOptions,
     stop: &CancellationToken,
     start: impl FnOnce() -> Result<Option<std::thread::JoinHandle<()>>, ServiceError>,
@@ -227,54 +239,74 @@ fn run_web(
     let host = host.to_owned();
     let s = stop.clone();
     let mut engine = None;
-    let out = rt.block_on(async {
-        let listener = match tokio::net::TcpListener::bind((
-            host.as_str(),
-            port.unwrap_or(DEFAULT_PORT),
-        ))
-        .await
-        {
-            Ok(l) => l,
-            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && port.is_none() => {
-                eprintln!("handoffs: port {DEFAULT_PORT} is in use; using a free one");
-                tokio::net::TcpListener::bind((host.as_str(), 0))
+    let out =
+        rt.block_on(async {
+            let listener =
+                match tokio::net::TcpListener::bind((host.as_str(), port.unwrap_or(DEFAULT_PORT)))
                     .await
-                    .map_err(|e| refused(format!("cannot listen on {host}: {e}")))?
+                {
+                    Ok(l) => l,
+                    Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && port.is_none() => {
+                        eprintln!("handoffs: port {DEFAULT_PORT} is in use; using a free one");
+                        tokio::net::TcpListener::bind((host.as_str(), 0))
+                            .await
+                            .map_err(|e| refused(format!("cannot listen on {host}: {e}")))?
+                    }
+                    Err(e) => {
+                        return Err(refused(format!(
+                            "cannot listen on {host}:{}: {e}",
+                            port.unwrap_or(DEFAULT_PORT)
+                        )));
+                    }
+                };
+            let addr = listener.local_addr().map_err(|e| refused(e.to_string()))?;
+            let snaps = web::snapshots(&db, &options)?;
+            let app = web::router(&db, &snaps, options, s.clone())?;
+            engine = start()?;
+            announce(addr);
+            match tls {
+                Some(config) => {
+                    let listener = crate::front::tls::TlsListener::new(listener, config, s.clone())
+                        .map_err(|e| refused(e.to_string()))?;
+                    serve_until(listener, app, &s).await?;
+                }
+                None => serve_until(listener, app, &s).await?,
             }
-            Err(e) => {
-                return Err(refused(format!(
-                    "cannot listen on {host}:{}: {e}",
-                    port.unwrap_or(DEFAULT_PORT)
-                )));
-            }
-        };
-        let addr = listener.local_addr().map_err(|e| refused(e.to_string()))?;
-        let snaps = web::snapshots(&db, &options)?;
-        let app = web::router(&db, &snaps, options, s.clone())?;
-        engine = start()?;
-        announce(addr);
-        let server = axum::serve(listener, app).with_graceful_shutdown({
-            let s = s.clone();
-            async move { s.cancelled().await }
+            drop(snaps);
+            Ok(())
         });
-        // A client that never finishes its request must not keep the server from stopping.
-        let forced = async {
-            s.cancelled().await;
-            tokio::time::sleep(SHUTDOWN_GRACE).await;
-        };
-        tokio::select! {
-            served = server => served.map_err(|e| refused(format!("the web server stopped: {e}")))?,
-            () = forced => {}
-        }
-        drop(snaps);
-        Ok(())
-    });
     stop.cancel();
     rt.shutdown_timeout(Duration::from_secs(1));
     (engine, out)
 }
 
-fn url_for(addr: std::net::SocketAddr, token: Option<&str>) -> String {
+/// Serves `app` on `listener` until `stop`, then gives open connections `SHUTDOWN_GRACE`.
+async fn serve_until<L>(
+    listener: L,
+    app: axum::Router,
+    stop: &CancellationToken,
+) -> Result<(), ServiceError>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
+    let server = axum::serve(listener, app).with_graceful_shutdown({
+        let s = stop.clone();
+        async move { s.cancelled().await }
+    });
+    // A client that never finishes its request must not keep the server from stopping.
+    let forced = async {
+        stop.cancelled().await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+    };
+    tokio::select! {
+        served = server => served.map_err(|e| refused(format!("the web server stopped: {e}")))?,
+        () = forced => {}
+    }
+    Ok(())
+}
+
+fn url_for(addr: std::net::SocketAddr, token: Option<&str>, https: bool) -> String {
     let host = if addr.ip().is_unspecified() {
         "127.0.0.1".to_owned()
     } else if addr.is_ipv6() {
@@ -282,9 +314,10 @@ fn url_for(addr: std::net::SocketAddr, token: Option<&str>) -> String {
     } else {
         addr.ip().to_string()
     };
+    let scheme = if https { "https" } else { "http" };
     match token {
-        Some(t) => format!("http://{host}:{}/#token={t}", addr.port()),
-        None => format!("http://{host}:{}/", addr.port()),
+        Some(t) => format!("{scheme}://{host}:{}/#token={t}", addr.port()),
+        None => format!("{scheme}://{host}:{}/", addr.port()),
     }
 }
 
@@ -294,8 +327,11 @@ pub fn serve(
     host: &str,
     port: Option<u16>,
     options: WebOptions,
+    tls: Option<&crate::front::tls::TlsFiles>,
     policy: Option<model::Policy>,
 ) -> Result<Ended, ServiceError> {
+    let tls = tls.map(crate::front::tls::TlsFiles::load).transpose()?;
+    let https = tls.is_some();
     let public_demo = options.public_demo;
     let allow_hosts = !options.allowed_hosts.is_empty();
     Service::open(db)?;
@@ -304,21 +340,26 @@ pub fn serve(
     let token = token_of(db);
     let (engine, result) = run_web(
         db,
-        host,
-        port,
+        Listen { host, port, tls },
         options,
         &stop,
         || engine_thread(db, policy, stop.clone(), failure.clone()),
         |addr| {
-            warn_if_public(host, public_demo, allow_hosts);
+            warn_if_public(host, public_demo, allow_hosts, https);
             if public_demo {
                 eprintln!(
                     "handoffs: warning: --public-demo on a real database shows its handoffs to \
                      anyone who can reach this address, under any host name"
                 );
             }
-            let url = url_for(addr, (!public_demo).then_some(token.as_str()));
+            let url = url_for(addr, (!public_demo).then_some(token.as_str()), https);
             println!("handoffs: serving {url}");
+            if !public_demo {
+                let base = url_for(addr, None, https);
+                println!(
+                    "handoffs: remote MCP at {base}mcp (each agent with its token: handoffs agent token ID)"
+                );
+            }
             let _ = std::io::stdout().flush();
         },
     );
@@ -472,8 +513,11 @@ pub fn demo(
     let mut driver = None;
     let (engine, result) = run_web(
         &db,
-        host,
-        port,
+        Listen {
+            host,
+            port,
+            tls: None,
+        },
         WebOptions {
             public_demo,
             ..WebOptions::default()
@@ -498,8 +542,8 @@ pub fn demo(
             Ok(engine)
         },
         |addr| {
-            warn_if_public(host, public_demo, false);
-            let url = url_for(addr, (!public_demo).then_some(token.as_str()));
+            warn_if_public(host, public_demo, false, false);
+            let url = url_for(addr, (!public_demo).then_some(token.as_str()), false);
             println!("handoffs demo: open {url}");
             println!(
                 "four demo agents (Planner, Engineer, Reviewer, Writer) are handing work around; Ctrl+C stops the demo and deletes its data"

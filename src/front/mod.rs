@@ -4,4 +4,5 @@
 pub mod cli;
 pub mod live;
 pub mod mcp;
+pub mod tls;
 pub mod web;

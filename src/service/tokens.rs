@@ -24,6 +24,17 @@ pub struct IssuedToken {
     pub rotated: bool,
 }
 
+/// What is known of an agent's token without its secret (`agent token ID --show`).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct TokenInfo {
+    pub agent: String,
+    /// True when the agent has a token (expired or not).
+    pub token: bool,
+    pub created_at: Option<i64>,
+    pub expires_at: Option<i64>,
+    pub expired: bool,
+}
+
 /// Why a presented token does not name an agent: each its own sentence, never the secret.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TokenRefusal {
@@ -55,17 +66,9 @@ impl std::fmt::Display for TokenRefusal {
     }
 }
 
-/// The stored form of `token`.
-fn hash(token: &str) -> String {
-    hex(&Sha256::digest(token.as_bytes()))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    bytes.iter().fold(String::new(), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
+/// The stored form of `token` (also what tells one issued token from the next).
+pub fn hash(token: &str) -> String {
+    hex::encode(Sha256::digest(token.trim().as_bytes()))
 }
 
 impl Service {
@@ -86,7 +89,7 @@ impl Service {
         }
         let mut secret = [0u8; 32];
         rand::Rng::fill(&mut rand::rng(), &mut secret);
-        let token = format!("{TOKEN_PREFIX}{}", hex(&secret));
+        let token = format!("{TOKEN_PREFIX}{}", hex::encode(secret));
         let now = millis(self.now());
         // Whole milliseconds, at least one.
         #[allow(clippy::cast_possible_truncation)]
@@ -125,6 +128,26 @@ impl Service {
                 tx.event(now, None, "agent", &format!("agent {agent}: token revoked"))?;
             }
             Ok(had)
+        })
+    }
+
+    /// Whether `agent` has a token, when it was issued and until when it holds (never the
+    /// secret, which is not stored).
+    pub fn agent_token_info(&mut self, agent: &str) -> Result<TokenInfo> {
+        check_agent_id(agent)?;
+        let now = millis(self.now());
+        self.store.read(|tx| {
+            if tx.agent(agent)?.is_none() {
+                return Err(ServiceError::NotFound(format!("unknown agent {agent:?}")));
+            }
+            let held = tx.agent_token(agent)?;
+            Ok(TokenInfo {
+                agent: agent.to_owned(),
+                token: held.is_some(),
+                created_at: held.as_ref().map(|t| t.created_at),
+                expires_at: held.as_ref().and_then(|t| t.expires_at),
+                expired: held.is_some_and(|t| t.expires_at.is_some_and(|at| at <= now)),
+            })
         })
     }
 

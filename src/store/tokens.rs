@@ -47,35 +47,26 @@ impl Tx<'_> {
 
     /// The agent whose token hashes to `hash`, if any.
     pub fn token_owner(&self, hash: &str) -> Result<Option<TokenOwner>> {
-        Ok(self
-            .row(
-                "SELECT agent, created_at, expires_at FROM agent_tokens WHERE hash = ?1",
-                [hash],
-                |r| {
-                    Ok(TokenOwner {
-                        agent: r.get(0)?,
-                        created_at: r.get(1)?,
-                        expires_at: r.get(2)?,
-                    })
-                },
-            )
-            .optional()?)
+        self.token_where("hash", hash)
     }
 
     /// `agent`'s token, as stored (no secret: the hash's owner and times).
     pub fn agent_token(&self, agent: &str) -> Result<Option<TokenOwner>> {
+        self.token_where("agent", agent)
+    }
+
+    /// The token row whose `column` (`hash` or `agent`, both unique) is `value`.
+    fn token_where(&self, column: &'static str, value: &str) -> Result<Option<TokenOwner>> {
+        let sql =
+            format!("SELECT agent, created_at, expires_at FROM agent_tokens WHERE {column} = ?1");
         Ok(self
-            .row(
-                "SELECT agent, created_at, expires_at FROM agent_tokens WHERE agent = ?1",
-                [agent],
-                |r| {
-                    Ok(TokenOwner {
-                        agent: r.get(0)?,
-                        created_at: r.get(1)?,
-                        expires_at: r.get(2)?,
-                    })
-                },
-            )
+            .row(&sql, [value], |r| {
+                Ok(TokenOwner {
+                    agent: r.get(0)?,
+                    created_at: r.get(1)?,
+                    expires_at: r.get(2)?,
+                })
+            })
             .optional()?)
     }
 }

@@ -552,7 +552,7 @@ pub fn start_serving(mut cmd: Command) -> (Child, String) {
     out.read_line(&mut line).expect("read");
     let url = line
         .split_whitespace()
-        .find(|w| w.starts_with("http://"))
+        .find(|w| w.starts_with("http://") || w.starts_with("https://"))
         .unwrap_or_else(|| panic!("no URL in {line:?}"))
         .split('#')
         .next()

@@ -23,6 +23,16 @@ Modes (--mode, or POST /_mock/config {"mode": ...}):
   hang      read the request, then never answer (until the client hangs up)
   reset     read the request, then close the socket without any response
 
+Tool calls (--tool NAME [--tool-input JSON], or POST /_mock/config {"tool":..,"tool_input":..};
+off by default): a POST /v1/messages whose `tools` offer NAME (exactly, or as the suffix
+"__NAME", so "send_handoff" matches Claude Code's "mcp__handoffs__send_handoff") and whose last
+user message carries no tool_result is answered with one `tool_use` block (stop_reason
+"tool_use") with input --tool-input (default {}). The next request, carrying the tool_result,
+gets the usual reply, and the result is logged as one line
+  {"event": "tool_result", "tool_use_id", "is_error", "content", "text"}.
+A request that offers tools but not NAME is logged as {"event": "tool_not_offered", "tools": [...]}
+and gets the usual reply. Structured-output requests never get a tool call.
+
 Usage
   python3 mock_messages.py --port 0 --port-file /tmp/port --log /tmp/req.jsonl \
       [--delay 5] [--delay-phase before|during] [--mode ok] [--reply "text"]
@@ -46,6 +56,8 @@ STATE = {
     "count": 0,            # every logged request (incl. HEAD / preconnect)
     "message_posts": 0,    # POST /v1/messages, any mode
     "message_count": 0,    # POST /v1/messages answered in mode ok
+    "tool": None,          # tool name to call (see "Tool calls"); None -> never
+    "tool_input": {},      # the tool_use block's input
 }
 LOCK = threading.Lock()
 LOG_PATH = None
@@ -89,6 +101,35 @@ def last_user_text(body):
     except Exception:
         pass
     return ""
+
+
+def last_tool_results(body):
+    """tool_result blocks of the last user message (empty when it has none)."""
+    msgs = body.get("messages") if isinstance(body, dict) else None
+    if not msgs or not isinstance(msgs[-1], dict) or msgs[-1].get("role") != "user":
+        return []
+    c = msgs[-1].get("content")
+    if not isinstance(c, list):
+        return []
+    return [b for b in c if isinstance(b, dict) and b.get("type") == "tool_result"]
+
+
+def tool_result_text(block):
+    c = block.get("content")
+    if isinstance(c, str):
+        return c
+    if isinstance(c, list):
+        return "\n".join(b.get("text", "") for b in c if isinstance(b, dict) and b.get("type") == "text")
+    return ""
+
+
+def offered_tool(body, want):
+    """The name of the offered tool matching `want` (exact or "...__want"), else None."""
+    for t in (body.get("tools") or []) if isinstance(body, dict) else []:
+        name = t.get("name") if isinstance(t, dict) else None
+        if name and (name == want or name.endswith("__" + want)):
+            return name
+    return None
 
 
 def fake_from_schema(schema):
@@ -136,6 +177,15 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
 
+    def _begin_sse(self):
+        """The status line and headers of a streamed (SSE) answer."""
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream; charset=utf-8")
+        self.send_header("cache-control", "no-cache")
+        self.send_header("transfer-encoding", "chunked")
+        self.send_header("request-id", "req_mock_" + uuid.uuid4().hex[:16])
+        self.end_headers()
+
     def _sse(self, event, obj):
         self._chunk(("event: %s\ndata: %s\n\n" % (event, json.dumps(obj))).encode())
 
@@ -175,7 +225,7 @@ class Handler(BaseHTTPRequestHandler):
         raw, body = self._read_body()
         if self.path.startswith("/_mock/config"):
             with LOCK:
-                for k in ("mode", "delay", "delay_phase", "reply"):
+                for k in ("mode", "delay", "delay_phase", "reply", "tool", "tool_input"):
                     if isinstance(body, dict) and k in body:
                         STATE[k] = body[k]
             return self._send_json(200, {k: STATE[k] for k in ("mode", "delay", "delay_phase", "reply")})
@@ -225,7 +275,23 @@ class Handler(BaseHTTPRequestHandler):
             reply = STATE["reply"]
             delay = float(STATE["delay"] or 0)
             phase = STATE["delay_phase"]
+            want_tool = STATE["tool"]
+            tool_input = STATE["tool_input"]
         fmt = ((body.get("output_config") or {}).get("format") or {})
+        tool_call = None
+        if want_tool and fmt.get("type") != "json_schema":
+            results = last_tool_results(body)
+            for r in results:
+                log_line({"n": n, "t": time.time(), "event": "tool_result",
+                          "tool_use_id": r.get("tool_use_id"), "is_error": bool(r.get("is_error")),
+                          "content": r.get("content"), "text": tool_result_text(r)})
+            if not results and body.get("tools"):
+                tool_call = offered_tool(body, want_tool)
+                if tool_call is None:
+                    log_line({"n": n, "t": time.time(), "event": "tool_not_offered", "tool": want_tool,
+                              "tools": [t.get("name") for t in body.get("tools") if isinstance(t, dict)]})
+        if tool_call is not None:
+            return self._tool_use(body, n, tool_call, tool_input or {})
         if fmt.get("type") == "json_schema":
             # structured output (e.g. Claude Code's session-title request): answer valid JSON
             reply = json.dumps(fake_from_schema(fmt.get("schema") or {}))
@@ -249,12 +315,7 @@ class Handler(BaseHTTPRequestHandler):
             })
 
         try:
-            self.send_response(200)
-            self.send_header("content-type", "text/event-stream; charset=utf-8")
-            self.send_header("cache-control", "no-cache")
-            self.send_header("transfer-encoding", "chunked")
-            self.send_header("request-id", "req_mock_" + uuid.uuid4().hex[:16])
-            self.end_headers()
+            self._begin_sse()
             self._sse("message_start", {"type": "message_start", "message": {
                 "id": msg_id, "type": "message", "role": "assistant", "model": model,
                 "content": [], "stop_reason": None, "stop_sequence": None,
@@ -285,6 +346,44 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
 
+    def _tool_use(self, body, n, name, tool_input):
+        """One tool_use block calling `name` with `tool_input`; stop_reason tool_use."""
+        model = body.get("model", "claude-mock")
+        msg_id = "msg_mock_%06d" % n
+        tool_id = "toolu_mock_%06d" % n
+        usage = {"input_tokens": rough_tokens(body), "output_tokens": 10,
+                 "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+        log_line({"n": n, "t": time.time(), "event": "tool_use", "id": tool_id, "name": name,
+                  "input": tool_input})
+        if not body.get("stream"):
+            return self._send_json(200, {
+                "id": msg_id, "type": "message", "role": "assistant", "model": model,
+                "content": [{"type": "tool_use", "id": tool_id, "name": name, "input": tool_input}],
+                "stop_reason": "tool_use", "stop_sequence": None, "usage": usage,
+            })
+        try:
+            self._begin_sse()
+            self._sse("message_start", {"type": "message_start", "message": {
+                "id": msg_id, "type": "message", "role": "assistant", "model": model,
+                "content": [], "stop_reason": None, "stop_sequence": None,
+                "usage": dict(usage, output_tokens=1)}})
+            self._sse("content_block_start", {"type": "content_block_start", "index": 0,
+                                              "content_block": {"type": "tool_use", "id": tool_id,
+                                                                "name": name, "input": {}}})
+            self._sse("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                              "delta": {"type": "input_json_delta",
+                                                        "partial_json": json.dumps(tool_input)}})
+            self._sse("content_block_stop", {"type": "content_block_stop", "index": 0})
+            self._sse("message_delta", {"type": "message_delta",
+                                        "delta": {"stop_reason": "tool_use", "stop_sequence": None},
+                                        "usage": {"output_tokens": 10}})
+            self._sse("message_stop", {"type": "message_stop"})
+            self._chunk(b"")
+        except (BrokenPipeError, ConnectionResetError):
+            log_line({"n": n, "t": time.time(), "event": "client_disconnected_mid_stream"})
+            self.close_connection = True
+
+
 def main():
     global LOG_PATH
     ap = argparse.ArgumentParser()
@@ -296,9 +395,13 @@ def main():
     ap.add_argument("--delay", type=float, default=0.0)
     ap.add_argument("--delay-phase", default="during", choices=["before", "during"])
     ap.add_argument("--reply", default=None)
+    ap.add_argument("--tool", default=None, help="answer with a tool_use of this (offered) tool")
+    ap.add_argument("--tool-input", default="{}", help="JSON input of that tool_use")
     a = ap.parse_args()
     LOG_PATH = a.log
     STATE.update(mode=a.mode, delay=a.delay, delay_phase=a.delay_phase, reply=a.reply)
+    if a.tool:
+        STATE.update(tool=a.tool, tool_input=json.loads(a.tool_input))
     srv = ThreadingHTTPServer((a.host, a.port), Handler)
     srv.daemon_threads = True
     port = srv.server_address[1]

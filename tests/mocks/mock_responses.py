@@ -33,6 +33,17 @@ Per-message override: a user text containing "[delay=5]" makes that reply wait 5
 the model first call `exec_command` with that command (the answer after Codex returns the
 call's output is the usual reply), so a turn can need an approval.
 
+MCP tool calls (--call NAME [--call-args JSON] / MOCK_CALL, MOCK_CALL_ARGS, or POST
+/_mock/config {"call":..,"call_args":..}; off by default): a POST /v1/responses whose `tools`
+offer NAME -- a function named NAME or "...__NAME", or a function NAME inside a `namespace`
+tool (how Codex offers an MCP server's tools: namespace "mcp__<server>") -- and whose input
+carries no function_call_output is answered with one `function_call` of it (with "namespace"
+when it came from one), arguments --call-args (default {}). The request that carries the
+output gets the usual reply, and each output is logged as one line
+  {"event": "function_call_output", "call_id", "output"}.
+A request with tools but without NAME is logged as {"event": "call_not_offered", "tools": [...]}
+(namespaces as "ns/tool") and gets the usual reply.
+
 Each log line: {"ts","n","method","path","thread_id","turn_id" (from body.client_metadata),
                "headers":{...},"body":<parsed JSON or text>,
                "user_texts":[...all role=user input_text strings in body.input, incl. the
@@ -51,7 +62,8 @@ import uuid
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 LOCK = threading.Lock()
-STATE = {"mode": "ok", "delay": 0.0, "reply": "mock reply to: {input}", "count": 0, "sse": "full"}
+STATE = {"mode": "ok", "delay": 0.0, "reply": "mock reply to: {input}", "count": 0, "sse": "full",
+         "call": None, "call_args": {}}
 LOG_PATH = "mock_requests.jsonl"
 LOG_HEADERS = ("authorization", "content-type", "accept", "user-agent", "originator",
                "session_id", "session-id", "x-codex-turn-metadata", "version",
@@ -84,6 +96,35 @@ def has_call_output(body):
     items = body.get("input") if isinstance(body, dict) else None
     return isinstance(items, list) and any(
         isinstance(i, dict) and i.get("type") == "function_call_output" for i in items)
+
+
+def call_outputs(body):
+    """The function_call_output items of a Responses request body."""
+    items = body.get("input") if isinstance(body, dict) else None
+    return [i for i in items if isinstance(i, dict) and i.get("type") == "function_call_output"] \
+        if isinstance(items, list) else []
+
+
+def offered_tools(body):
+    """(namespace or None, name) of every function tool offered, namespaces opened."""
+    out = []
+    for t in (body.get("tools") or []) if isinstance(body, dict) else []:
+        if not isinstance(t, dict):
+            continue
+        if t.get("type") == "namespace":
+            for sub in t.get("tools") or []:
+                if isinstance(sub, dict) and sub.get("name"):
+                    out.append((t.get("name"), sub["name"]))
+        elif t.get("name"):
+            out.append((None, t["name"]))
+    return out
+
+
+def find_tool(body, want):
+    for ns, name in offered_tools(body):
+        if name == want or name.endswith("__" + want):
+            return ns, name
+    return None
 
 
 def log_request(entry):
@@ -160,7 +201,7 @@ class Handler(BaseHTTPRequestHandler):
 
         if path == "/_mock/config":
             with LOCK:
-                for k in ("mode", "delay", "reply", "sse"):
+                for k in ("mode", "delay", "reply", "sse", "call", "call_args"):
                     if isinstance(body, dict) and k in body:
                         STATE[k] = float(body[k]) if k == "delay" else body[k]
                 return self._json(200, dict(STATE))
@@ -191,15 +232,37 @@ class Handler(BaseHTTPRequestHandler):
         m = re.search(r"\[tool=([^\]]+)\]", last)
         if m and not has_call_output(body):
             return self._stream_call(m.group(1))
+        with LOCK:
+            want, call_args = STATE["call"], STATE["call_args"]
+        if want:
+            outs = call_outputs(body)
+            for o in outs:
+                log_request({"ts": time.time(), "n": entry["n"], "event": "function_call_output",
+                             "call_id": o.get("call_id"), "output": o.get("output")})
+            if not outs and isinstance(body, dict) and body.get("tools"):
+                found = find_tool(body, want)
+                if found:
+                    return self._stream_call(None, found, call_args or {})
+                log_request({"ts": time.time(), "n": entry["n"], "event": "call_not_offered",
+                             "call": want, "tools": [n if ns is None else ns + "/" + n
+                                                     for ns, n in offered_tools(body)]})
         self._stream_ok(body, reply.replace("{input}", last.strip()[:200]), delay, sse)
 
-    def _stream_call(self, cmd):
-        """One function call of `exec_command` running `cmd`, then the response ends."""
+    def _stream_call(self, cmd, tool=None, args=None):
+        """One function call of `exec_command` running `cmd` (or of `tool`, a (namespace or
+        None, name) pair, with `args`), then the response ends."""
         resp_id = "resp_" + uuid.uuid4().hex[:24]
         item = {"id": "fc_" + uuid.uuid4().hex[:24], "type": "function_call", "status": "completed",
                 "name": "exec_command", "call_id": "call_" + uuid.uuid4().hex[:24],
                 "arguments": json.dumps({"cmd": cmd, "sandbox_permissions": "require_escalated",
-                                         "justification": "the mock asks to run " + cmd})}
+                                         "justification": "the mock asks to run %s" % cmd})}
+        if tool is not None:
+            ns, name = tool
+            item.update(name=name, arguments=json.dumps(args))
+            if ns is not None:
+                item["namespace"] = ns
+            log_request({"ts": time.time(), "event": "function_call", "call_id": item["call_id"],
+                         "namespace": ns, "name": name, "arguments": args})
         usage = {"input_tokens": 10, "input_tokens_details": {"cached_tokens": 0},
                  "output_tokens": 5, "output_tokens_details": {"reasoning_tokens": 0},
                  "total_tokens": 15}
@@ -283,10 +346,16 @@ def main():
                     choices=["ok", "500", "hang", "close"])
     ap.add_argument("--reply", default=os.environ.get("MOCK_REPLY", STATE["reply"]))
     ap.add_argument("--sse", default=os.environ.get("MOCK_SSE", "full"), choices=["full", "minimal", "nocomplete"])
+    ap.add_argument("--call", default=os.environ.get("MOCK_CALL"),
+                    help="answer with a function_call of this offered (MCP) tool")
+    ap.add_argument("--call-args", default=os.environ.get("MOCK_CALL_ARGS", "{}"),
+                    help="JSON arguments of that call")
     ap.add_argument("--log", default=os.environ.get("MOCK_LOG", LOG_PATH))
     ap.add_argument("--port-file", default=os.environ.get("MOCK_PORT_FILE"))
     a = ap.parse_args()
     STATE.update(mode=a.mode, delay=a.delay, reply=a.reply, sse=a.sse)
+    if a.call:
+        STATE.update(call=a.call, call_args=json.loads(a.call_args))
     LOG_PATH = a.log
     srv = Server((a.host, a.port), Handler)
     port = srv.server_address[1]

@@ -146,25 +146,7 @@ pub enum Command {
         interval: f64,
     },
     /// The engine and the live page (http://127.0.0.1:8765/ by default) until Ctrl+C.
-    Serve {
-        /// The address to listen on; anything but loopback makes the page reachable from the
-        /// network.
-        #[arg(long, default_value = "127.0.0.1")]
-        host: String,
-        /// The port [default: 8765, or a free one when that is taken]; 0: any free one.
-        #[arg(long)]
-        port: Option<u16>,
-        /// Answer any Host, refuse sends, and show plain state sentences.
-        #[arg(long, conflicts_with_all = ["allow_host", "context_library"])]
-        public_demo: bool,
-        /// A host name (or name:port) to answer besides localhost, for remote agents and the
-        /// page across the network; repeat it for several.
-        #[arg(long, value_name = "NAME")]
-        allow_host: Vec<String>,
-        /// A folder of Markdown files served as project memory to remote MCP sessions.
-        #[arg(long, value_name = "DIR")]
-        context_library: Option<PathBuf>,
-    },
+    Serve(ServeArgs),
     /// Cancel one stuck delivery; never resends.
     Release {
         /// The delivery or its message (a unique prefix will do).
@@ -326,6 +308,9 @@ pub enum AgentCmd {
         /// Revoke the agent's token instead: remote sessions that present it are refused.
         #[arg(long)]
         revoke: bool,
+        /// Say whether the agent has a token and until when it holds (never the token).
+        #[arg(long, conflicts_with_all = ["expires_minutes", "never_expires", "revoke"])]
+        show: bool,
     },
 }
 
@@ -443,6 +428,34 @@ pub enum TaskCmd {
         #[arg(long, default_value = "person")]
         by: String,
     },
+}
+
+/// `serve`'s options.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// The address to listen on; anything but loopback makes the page reachable from the
+    /// network.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// The port [default: 8765, or a free one when that is taken]; 0: any free one.
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// Answer any Host, refuse sends, and show plain state sentences.
+    #[arg(long, conflicts_with_all = ["allow_host", "context_library"])]
+    pub public_demo: bool,
+    /// A host name (or name:port) remote agents reach /mcp under (the page stays on
+    /// localhost); repeat it for several.
+    #[arg(long, value_name = "NAME")]
+    pub allow_host: Vec<String>,
+    /// A folder of Markdown files served as project memory to remote MCP sessions.
+    #[arg(long, value_name = "DIR")]
+    pub context_library: Option<PathBuf>,
+    /// Serve HTTPS with this certificate chain (PEM); needs --tls-key.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

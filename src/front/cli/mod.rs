@@ -7,7 +7,9 @@ mod engine;
 mod status;
 mod task;
 
-pub use args::{Actor, AgentCmd, Cli, Command, LogFormat, SendArgs, SuperviseArgs, TaskCmd};
+pub use args::{
+    Actor, AgentCmd, Cli, Command, LogFormat, SendArgs, ServeArgs, SuperviseArgs, TaskCmd,
+};
 use engine::{engine_cmd, policy_from_env, sim_cmd};
 use status::status;
 use task::task;
@@ -196,20 +198,8 @@ pub fn run(cli: &Cli) -> Result<(), Failure> {
             }
             engine_cmd(cli, Some(Duration::from_secs_f64(*interval)))
         }
-        Command::Serve {
-            host,
-            port,
-            public_demo,
-            allow_host,
-            context_library,
-        } => {
-            let options = crate::front::web::WebOptions {
-                public_demo: *public_demo,
-                allowed_hosts: allow_host.clone(),
-                remote_mcp: true,
-                context_library: context_library.clone(),
-            };
-            serve(cli, host, *port, options)?;
+        Command::Serve(args) => {
+            serve(cli, args)?;
             Err(Failure {
                 code: crate::front::live::stop_code(),
                 message: String::new(),
@@ -331,27 +321,90 @@ fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
 }
 
 /// `serve`: the engine and the page (with remote MCP) until Ctrl+C.
-fn serve(
-    cli: &Cli,
-    host: &str,
-    port: Option<u16>,
-    options: crate::front::web::WebOptions,
-) -> Result<(), Failure> {
-    if let Some(bad) = options
-        .allowed_hosts
-        .iter()
-        .find(|h| h.is_empty() || h.contains(['/', ' ', '@', ',']))
-    {
-        return Err(usage(format!(
-            "--allow-host {bad:?} is not a host name (give one name, or name:port, each time)"
-        )));
+fn serve(cli: &Cli, args: &ServeArgs) -> Result<(), Failure> {
+    let options = crate::front::web::WebOptions {
+        public_demo: args.public_demo,
+        allowed_hosts: args.allow_host.clone(),
+        remote_mcp: true,
+        context_library: args.context_library.clone(),
+    };
+    let tls = args
+        .tls_cert
+        .clone()
+        .zip(args.tls_key.clone())
+        .map(|(cert, key)| crate::front::tls::TlsFiles { cert, key });
+    for entry in &options.allowed_hosts {
+        crate::front::web::check_allowed_host(entry).map_err(usage)?;
     }
     let policy = if std::env::var_os("HANDOFFS_POLICY").is_some() {
         Some(policy_from_env()?)
     } else {
         None
     };
-    crate::front::live::serve(&db_path(cli), host, port, options, policy)?;
+    crate::front::live::serve(
+        &db_path(cli),
+        &args.host,
+        args.port,
+        options,
+        tls.as_ref(),
+        policy,
+    )?;
+    Ok(())
+}
+
+/// `agent token ID`: issue (rotate), revoke, or show an agent's bearer token for remote MCP.
+fn agent_token(
+    cli: &Cli,
+    s: &mut Service,
+    id: &str,
+    expires_minutes: Option<f64>,
+    never_expires: bool,
+    revoke: bool,
+    show: bool,
+) -> Result<(), Failure> {
+    if show {
+        let t = s.agent_token_info(id)?;
+        emit(cli, &t, || match (t.token, t.expires_at) {
+            (false, _) => format!("{id} has no token (`handoffs agent token {id}` issues one)"),
+            (true, None) => format!("{id} has a token that never expires"),
+            (true, Some(at)) if t.expired => {
+                format!("{id}'s token expired {}", crate::text::when(at))
+            }
+            (true, Some(at)) => format!("{id} has a token until {}", crate::text::when(at)),
+        });
+        return Ok(());
+    }
+    if revoke {
+        let had = s.revoke_agent_token(id)?;
+        emit(cli, &json!({"agent": id, "revoked": had}), || {
+            if had {
+                format!("{id}: token revoked")
+            } else {
+                format!("{id} had no token")
+            }
+        });
+        return Ok(());
+    }
+    let ttl = if never_expires {
+        None
+    } else {
+        Some(expires_minutes.unwrap_or(crate::service::tokens::TTL_DEFAULT_MINUTES))
+    };
+    let t = s.issue_agent_token(id, ttl)?;
+    if !cli.json {
+        // The token alone on stdout (`TOKEN=$(handoffs agent token ID)`); the rest is for the
+        // person.
+        let until = t.expires_at.map_or("never expires".to_owned(), |at| {
+            format!("expires {}", crate::text::when(at))
+        });
+        let was = if t.rotated {
+            "; the old one no longer works"
+        } else {
+            ""
+        };
+        eprintln!("handoffs: agent {id}'s token for serve's /mcp, shown once; {until}{was}");
+    }
+    emit(cli, &t, || t.token.clone());
     Ok(())
 }
 
@@ -403,41 +456,16 @@ fn agent(cli: &Cli, cmd: &AgentCmd) -> Result<(), Failure> {
             expires_minutes,
             never_expires,
             revoke,
-        } => {
-            if *revoke {
-                let had = s.revoke_agent_token(id)?;
-                emit(cli, &json!({"agent": id, "revoked": had}), || {
-                    if had {
-                        format!("{id}: token revoked")
-                    } else {
-                        format!("{id} had no token")
-                    }
-                });
-                return Ok(());
-            }
-            let ttl = if *never_expires {
-                None
-            } else {
-                Some(expires_minutes.unwrap_or(crate::service::tokens::TTL_DEFAULT_MINUTES))
-            };
-            let t = s.issue_agent_token(id, ttl)?;
-            if !cli.json {
-                // The token alone on stdout (`TOKEN=$(handoffs agent token ID)`); the rest is
-                // for the person.
-                let until = t.expires_at.map_or("never expires".to_owned(), |at| {
-                    format!("expires {}", crate::text::when(at))
-                });
-                let was = if t.rotated {
-                    "; the old one no longer works"
-                } else {
-                    ""
-                };
-                eprintln!(
-                    "handoffs: agent {id}'s token for serve's /mcp, shown once; {until}{was}"
-                );
-            }
-            emit(cli, &t, || t.token.clone());
-        }
+            show,
+        } => agent_token(
+            cli,
+            &mut s,
+            id,
+            *expires_minutes,
+            *never_expires,
+            *revoke,
+            *show,
+        )?,
     }
     Ok(())
 }

@@ -26,13 +26,28 @@ use std::sync::{Arc, Mutex};
 
 type AgentService = StreamableHttpService<McpServer, LocalSessionManager>;
 
+/// Open sessions one agent may hold at once. A session holds a database connection until it
+/// is closed (DELETE) or idle for rmcp's 5 minutes; past this a new `initialize` is refused
+/// (429), so clients that never close cannot use up the server's files.
+pub const SESSIONS_PER_AGENT: usize = 16;
+
+/// One agent's rmcp service, for the token that made it.
+struct AgentEntry {
+    /// The stored hash of the token whose requests it serves: a rotation makes a new one.
+    token_hash: String,
+    service: AgentService,
+    sessions: Arc<LocalSessionManager>,
+    /// Ends this agent's sessions (when its token is rotated, or the server stops).
+    stop: tokio_util::sync::CancellationToken,
+}
+
 /// The remote MCP endpoint of one `serve`.
 pub struct Remote {
     db: PathBuf,
     library: Option<PathBuf>,
     /// Looks tokens up (on the blocking pool).
     service: Arc<Mutex<Service>>,
-    agents: Mutex<HashMap<String, AgentService>>,
+    agents: Mutex<HashMap<String, AgentEntry>>,
     /// Ends every session when the server stops.
     stop: tokio_util::sync::CancellationToken,
 }
@@ -45,21 +60,26 @@ impl std::fmt::Debug for Remote {
     }
 }
 
-/// A refusal before any MCP session: the HTTP status, and a JSON-RPC error (id null, as the
-/// request was not read) that MCP clients show as the call's error.
-fn refuse(status: StatusCode, message: &str) -> Response {
+/// The JSON-RPC error MCP clients show for a refusal made before any session (id null: the
+/// request was not read).
+fn json_rpc_error(status: StatusCode, message: &str) -> Response {
     let body = json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32001, "message": message}});
-    let mut res = (status, axum::Json(body)).into_response();
-    if status == StatusCode::UNAUTHORIZED {
-        let value = if message.starts_with("give ") {
-            "Bearer realm=\"handoffs\"".to_owned()
-        } else {
-            "Bearer realm=\"handoffs\", error=\"invalid_token\"".to_owned()
-        };
-        if let Ok(v) = HeaderValue::from_str(&value) {
-            res.headers_mut().insert(header::WWW_AUTHENTICATE, v);
+    (status, axum::Json(body)).into_response()
+}
+
+/// 401 for a missing or unusable token, with the `WWW-Authenticate` challenge (RFC 6750).
+fn unauthorized(refusal: &TokenRefusal) -> Response {
+    let mut res = json_rpc_error(StatusCode::UNAUTHORIZED, &refusal.to_string());
+    let challenge = match refusal {
+        TokenRefusal::Malformed => "Bearer realm=\"handoffs\"",
+        TokenRefusal::Unknown | TokenRefusal::Expired { .. } => {
+            "Bearer realm=\"handoffs\", error=\"invalid_token\""
         }
-    }
+    };
+    res.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static(challenge),
+    );
     res
 }
 
@@ -72,6 +92,30 @@ fn bearer(headers: &axum::http::HeaderMap) -> Option<&str> {
     }
     let (scheme, token) = value.trim().split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+/// rmcp answers some refusals (a body that is not JSON, a missing session id) in plain text:
+/// give them the JSON-RPC error body every other refusal has, with the same status.
+async fn as_json_error(res: Response) -> Response {
+    let status = res.status();
+    let json = res
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || json {
+        return res;
+    }
+    let text = axum::body::to_bytes(res.into_body(), 4096)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+        .unwrap_or_default();
+    let message = if text.is_empty() {
+        status.canonical_reason().unwrap_or("refused").to_owned()
+    } else {
+        text
+    };
+    json_rpc_error(status, &message)
 }
 
 impl Remote {
@@ -98,29 +142,47 @@ impl Remote {
         })
     }
 
-    /// The rmcp service that serves `agent`'s sessions, made on first use.
-    fn service_for(&self, agent: &str) -> AgentService {
+    /// The rmcp service that serves `agent`'s sessions opened with the token `token_hash`
+    /// names, and its session manager. A new token (a rotation) ends the sessions the old
+    /// one opened, open event streams included.
+    fn service_for(
+        &self,
+        agent: &str,
+        token_hash: &str,
+    ) -> (AgentService, Arc<LocalSessionManager>) {
         let mut agents = self
             .agents
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        agents
-            .entry(agent.to_owned())
-            .or_insert_with(|| {
-                let (db, library, who) = (self.db.clone(), self.library.clone(), agent.to_owned());
-                let config = StreamableHttpServerConfig::default()
-                    .disable_allowed_hosts()
-                    .with_cancellation_token(self.stop.child_token());
-                StreamableHttpService::new(
-                    move || {
-                        McpServer::new(&db, &who, library.as_deref())
-                            .map_err(|e| std::io::Error::other(e.to_string()))
-                    },
-                    Arc::new(LocalSessionManager::default()),
-                    config,
-                )
-            })
-            .clone()
+        if let Some(old) = agents.get(agent)
+            && old.token_hash != token_hash
+        {
+            old.stop.cancel();
+            agents.remove(agent);
+        }
+        let entry = agents.entry(agent.to_owned()).or_insert_with(|| {
+            let (db, library, who) = (self.db.clone(), self.library.clone(), agent.to_owned());
+            let stop = self.stop.child_token();
+            let config = StreamableHttpServerConfig::default()
+                .disable_allowed_hosts()
+                .with_cancellation_token(stop.clone());
+            let sessions = Arc::new(LocalSessionManager::default());
+            let service = StreamableHttpService::new(
+                move || {
+                    McpServer::new(&db, &who, library.as_deref())
+                        .map_err(|e| std::io::Error::other(e.to_string()))
+                },
+                sessions.clone(),
+                config,
+            );
+            AgentEntry {
+                token_hash: token_hash.to_owned(),
+                service,
+                sessions,
+                stop,
+            }
+        });
+        (entry.service.clone(), entry.sessions.clone())
     }
 
     /// Answers one request to `/mcp`: the token names the agent, then that agent's rmcp
@@ -131,17 +193,15 @@ impl Remote {
         req: axum::extract::Request,
     ) -> Response {
         if !origin_allowed {
-            return refuse(
+            return json_rpc_error(
                 StatusCode::FORBIDDEN,
                 "this server answers MCP only to its own origins (the Origin header names another host)",
             );
         }
         let Some(token) = bearer(req.headers()).map(str::to_owned) else {
-            return refuse(
-                StatusCode::UNAUTHORIZED,
-                &TokenRefusal::Malformed.to_string(),
-            );
+            return unauthorized(&TokenRefusal::Malformed);
         };
+        let token_hash = crate::service::tokens::hash(&token);
         let service = self.service.clone();
         let found = tokio::task::spawn_blocking(move || {
             service
@@ -154,23 +214,46 @@ impl Remote {
             Ok(Ok(Ok(agent))) => agent,
             Ok(Ok(Err(refusal))) => {
                 tracing::info!(%refusal, "remote MCP: token refused");
-                return refuse(StatusCode::UNAUTHORIZED, &refusal.to_string());
+                return unauthorized(&refusal);
             }
-            Ok(Err(e)) => return refuse(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+            Ok(Err(e)) => return json_rpc_error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
             Err(e) => {
-                return refuse(
+                return json_rpc_error(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     &format!("the token lookup failed: {e}"),
                 );
             }
         };
         tracing::debug!(%agent, "remote MCP request");
-        let ending = req.method() == axum::http::Method::DELETE;
-        let service = self.service_for(&agent);
-        let mut res = service.handle(req).await.map(axum::body::Body::new);
+        let (service, sessions) = self.service_for(&agent, &token_hash);
+        let session = req
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+            .map(|v| rmcp::transport::streamable_http_server::SessionId::from(v.to_owned()));
+        let known = match &session {
+            Some(id) => sessions.sessions.read().await.contains_key(id),
+            None => false,
+        };
+        let method = req.method().clone();
+        if method == axum::http::Method::POST
+            && session.is_none()
+            && sessions.sessions.read().await.len() >= SESSIONS_PER_AGENT
+        {
+            return json_rpc_error(
+                StatusCode::TOO_MANY_REQUESTS,
+                &format!(
+                    "agent {agent} has {SESSIONS_PER_AGENT} open sessions, the most it may hold: close one (DELETE /mcp) or let one idle out (5 minutes)"
+                ),
+            );
+        }
+        if method == axum::http::Method::DELETE && !known {
+            return json_rpc_error(StatusCode::NOT_FOUND, "no such session");
+        }
+        let mut res = as_json_error(service.handle(req).await.map(axum::body::Body::new)).await;
         // rmcp answers a session's end with 202 and no body; clients (the Python SDK among
         // them) expect 200 or 204 there and warn otherwise.
-        if ending && res.status() == StatusCode::ACCEPTED {
+        if method == axum::http::Method::DELETE && res.status() == StatusCode::ACCEPTED {
             *res.status_mut() = StatusCode::NO_CONTENT;
         }
         res

@@ -86,32 +86,81 @@ impl WebOptions {
     /// True for a Host (or Origin host) this server answers to: loopback, or one allowed by
     /// name (with any port) or by `name:port`.
     pub fn host_allowed(&self, host: &str) -> bool {
-        if loopback_host(host) {
-            return true;
-        }
-        let host = host.trim_end_matches('.').to_ascii_lowercase();
-        let name = host_name(&host);
+        loopback_host(host) || self.remote_host(host)
+    }
+
+    /// True for a Host named by `--allow-host` (an entry without a port matches any port,
+    /// `name:port` only that port; names compare without case or a trailing dot).
+    pub fn remote_host(&self, host: &str) -> bool {
+        let (name, port) = split_authority(host);
         self.allowed_hosts.iter().any(|a| {
-            let a = a.trim_end_matches('.').to_ascii_lowercase();
-            // An entry with a port names that authority only; one without, any port.
-            if host_name(&a) == a {
-                a == name
-            } else {
-                a == host
-            }
+            let (a_name, a_port) = split_authority(a);
+            a_name == name && (a_port.is_none() || a_port == port)
         })
     }
 }
 
-/// The name part of a `host[:port]` authority (an IPv6 address keeps its brackets).
-fn host_name(host: &str) -> &str {
-    if host.starts_with('[') {
-        return host.split_inclusive(']').next().unwrap_or(host);
+/// A `host[:port]` authority as (lower-cased name without a trailing dot, port). An IPv6
+/// address keeps its brackets.
+fn split_authority(host: &str) -> (String, Option<&str>) {
+    let (name, port) = if host.starts_with('[') {
+        match host.split_once(']') {
+            Some((h, rest)) => (&host[..=h.len()], rest.strip_prefix(':')),
+            None => (host, None),
+        }
+    } else {
+        match host.rsplit_once(':') {
+            Some((h, p)) if !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()) => (h, Some(p)),
+            _ => (host, None),
+        }
+    };
+    (name.trim_end_matches('.').to_ascii_lowercase(), port)
+}
+
+/// Checks one `--allow-host` entry: a DNS name or an IP address (IPv6 in brackets), with an
+/// optional port; no wildcards, paths, user parts or schemes.
+pub fn check_allowed_host(entry: &str) -> Result<(), String> {
+    let (name, port) = split_authority(entry);
+    let bad = |why: &str| {
+        Err(format!(
+            "--allow-host {entry:?} is not a host name ({why}; give one name, or name:port, each time)"
+        ))
+    };
+    if let Some(p) = port
+        && p.parse::<u16>().is_err()
+    {
+        return bad("the port is not a number from 0 to 65535");
     }
-    match host.rsplit_once(':') {
-        Some((h, port)) if port.chars().all(|c| c.is_ascii_digit()) => h,
-        _ => host,
+    if let Some(inner) = name.strip_prefix('[') {
+        return match inner
+            .strip_suffix(']')
+            .map(str::parse::<std::net::Ipv6Addr>)
+        {
+            Some(Ok(_)) => Ok(()),
+            _ => bad("not an IPv6 address in brackets"),
+        };
     }
+    if name.contains(':') {
+        return bad("an IPv6 address goes in brackets, e.g. [2001:db8::1]");
+    }
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if name.is_empty() || name.len() > 253 || !name.split('.').all(label_ok) {
+        return bad("letters, digits, hyphens and dots only; no wildcards");
+    }
+    Ok(())
+}
+
+/// What a request from an `--allow-host` name may reach: remote MCP and the health check.
+/// The page and its API answer loopback names only: they show every message and need no
+/// token to read.
+fn remote_route(path: &str) -> bool {
+    path == "/mcp" || path == "/healthz"
 }
 
 /// What the snapshot thread publishes.
@@ -321,11 +370,19 @@ async fn host_check(
             .authority()
             .map(axum::http::uri::Authority::as_str);
         let named = target.or(host);
-        let allowed = |h: &str| state.options.host_allowed(h);
+        // An --allow-host name reaches /mcp and /healthz; every other route is loopback's.
+        let remote_ok = remote_route(req.uri().path());
+        let allowed = |h: &str| loopback_host(h) || (remote_ok && state.options.remote_host(h));
         if !named.is_some_and(allowed) || !host.is_none_or(allowed) {
+            let remote = [named, host]
+                .into_iter()
+                .flatten()
+                .any(|h| state.options.remote_host(h));
             return error(
                 StatusCode::FORBIDDEN,
-                if state.options.allowed_hosts.is_empty() {
+                if remote {
+                    "an --allow-host name reaches only /mcp and /healthz; the page and its API answer on localhost"
+                } else if state.options.allowed_hosts.is_empty() {
                     "this server answers only to localhost (the Host header is not loopback)"
                 } else {
                     "this server answers only to localhost and its --allow-host names (the Host header is neither)"
@@ -352,7 +409,7 @@ async fn mcp(State(state): State<Arc<AppState>>, req: axum::extract::Request) ->
     let Some(remote) = state.remote.clone() else {
         return error(
             StatusCode::NOT_FOUND,
-            "remote MCP is off on this server (the public demo does not offer it)",
+            "remote MCP is off here (only `handoffs serve` offers it, without --public-demo)",
         );
     };
     // A browser names the page that sent the request: it must be one of this server's hosts.
@@ -864,5 +921,63 @@ async fn fan_out(s: Arc<AppState>, req: SendBody, budget: Option<String>) -> Res
         }
         Ok(Err(e)) => service_error(&e),
         Err(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "the send stopped"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allow_host_entries_are_checked_and_matched_by_name_and_port() {
+        for good in [
+            "agents.example",
+            "agents.example:8443",
+            "10.0.0.7",
+            "[2001:db8::1]:9",
+            "a-b.c",
+        ] {
+            assert!(check_allowed_host(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "",
+            "*.example",
+            "2001:db8::1",
+            "[zz]",
+            "h:99999",
+            "u@h",
+            "a b",
+            "-a.b",
+            "a..b",
+        ] {
+            assert!(check_allowed_host(bad).is_err(), "{bad:?}");
+        }
+        let o = WebOptions {
+            allowed_hosts: vec![
+                "Agents.Example".into(),
+                "pinned.example:8443".into(),
+                "[::2]".into(),
+            ],
+            ..WebOptions::default()
+        };
+        for yes in [
+            "agents.example",
+            "agents.example:1",
+            "AGENTS.example.:9",
+            "pinned.example:8443",
+            "[::2]:80",
+        ] {
+            assert!(o.remote_host(yes), "{yes}");
+        }
+        for no in [
+            "pinned.example",
+            "pinned.example:443",
+            "other.example",
+            "agents.example.evil",
+            "[::3]",
+        ] {
+            assert!(!o.remote_host(no), "{no}");
+        }
+        assert!(o.host_allowed("localhost:1") && !o.remote_host("localhost:1"));
     }
 }
