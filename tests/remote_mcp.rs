@@ -663,3 +663,61 @@ async fn sessions_are_bounded_per_agent_and_refusals_are_json() {
     assert!((400..500).contains(&status), "{status} {body}");
     assert!(body["error"]["message"].is_string(), "{body}");
 }
+
+/// A revoked token's open event stream ends within the sweep (5 s), while another agent's
+/// stays open: a token that no longer holds leaves nothing listening.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_tokens_open_stream_ends_and_others_stay() {
+    let w = world();
+    let (ta, tb) = (token(&w, &["alice"]), token(&w, &["bob"]));
+    let s = serve(&w, &[]);
+    let c = Client {
+        http: reqwest::Client::new(),
+        url: s.url.clone(),
+    };
+    let listen = |token: &str, session: String| {
+        let req = c
+            .http
+            .get(&c.url)
+            .header("authorization", format!("Bearer {token}"))
+            .header("mcp-session-id", session)
+            .header("mcp-protocol-version", "2025-06-18")
+            .header("accept", "text/event-stream");
+        async move {
+            let res = req.send().await.expect("stream");
+            assert_eq!(res.status(), 200);
+            res
+        }
+    };
+    let mut alice = listen(&ta, c.open(&ta).await).await;
+    let mut bob = listen(&tb, c.open(&tb).await).await;
+    w.ok(&["agent", "token", "alice", "--revoke"]);
+    // Alice's stream ends (end of body or a closed connection) well within 15 s.
+    let ended = tokio::time::timeout(Duration::from_secs(15), async {
+        loop {
+            match alice.chunk().await {
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => return,
+            }
+        }
+    })
+    .await;
+    assert!(
+        ended.is_ok(),
+        "the revoked token's stream was still open after 15 s"
+    );
+    // Bob's is still open: nothing but keep-alive comes, and it does not end.
+    let still = tokio::time::timeout(Duration::from_secs(2), async {
+        loop {
+            match bob.chunk().await {
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => return,
+            }
+        }
+    })
+    .await;
+    assert!(
+        still.is_err(),
+        "bob's stream ended although his token holds"
+    );
+}

@@ -151,6 +151,14 @@ impl Service {
         })
     }
 
+    /// True while the token stored as `stored` (see [`hash`]) is issued and unexpired: what
+    /// keeps the remote sessions it opened alive.
+    pub fn token_holds(&mut self, stored: &str) -> Result<bool> {
+        let now = millis(self.now());
+        let owner = self.store.read(|tx| tx.token_owner(stored))?;
+        Ok(owner.is_some_and(|o| o.expires_at.is_none_or(|at| at > now)))
+    }
+
     /// The agent a presented token names, or why it names none.
     pub fn agent_for_token(
         &mut self,

@@ -31,6 +31,9 @@ type AgentService = StreamableHttpService<McpServer, LocalSessionManager>;
 /// (429), so clients that never close cannot use up the server's files.
 pub const SESSIONS_PER_AGENT: usize = 16;
 
+/// How often the sessions of revoked or expired tokens are looked for and ended.
+pub const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// One agent's rmcp service, for the token that made it.
 struct AgentEntry {
     /// The stored hash of the token whose requests it serves: a rotation makes a new one.
@@ -140,6 +143,51 @@ impl Remote {
             agents: Mutex::new(HashMap::new()),
             stop,
         })
+    }
+
+    /// Ends, every `SWEEP_EVERY`, the sessions of tokens that no longer hold (revoked,
+    /// expired, or their agent removed), open event streams included: a request with such a
+    /// token is refused at once, and what it left open ends within the sweep.
+    pub async fn sweep(self: Arc<Self>) {
+        loop {
+            tokio::select! {
+                () = self.stop.cancelled() => return,
+                () = tokio::time::sleep(SWEEP_EVERY) => {}
+            }
+            let held: Vec<String> = self
+                .agents
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .values()
+                .map(|e| e.token_hash.clone())
+                .collect();
+            if held.is_empty() {
+                continue;
+            }
+            let service = self.service.clone();
+            let gone = tokio::task::spawn_blocking(move || {
+                let mut service = service
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                held.into_iter()
+                    .filter(|h| matches!(service.token_holds(h), Ok(false)))
+                    .collect::<Vec<_>>()
+            })
+            .await
+            .unwrap_or_default();
+            let mut agents = self
+                .agents
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            agents.retain(|agent, e| {
+                let keep = !gone.contains(&e.token_hash);
+                if !keep {
+                    tracing::info!(%agent, "remote MCP: the token no longer holds; its sessions end");
+                    e.stop.cancel();
+                }
+                keep
+            });
+        }
     }
 
     /// The rmcp service that serves `agent`'s sessions opened with the token `token_hash`

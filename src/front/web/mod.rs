@@ -261,11 +261,15 @@ pub fn router(
         )));
     }
     let remote = if options.remote_mcp && !options.public_demo {
-        Some(Arc::new(crate::front::mcp::http::Remote::new(
+        let remote = Arc::new(crate::front::mcp::http::Remote::new(
             service.db_path().to_owned(),
             options.context_library.clone(),
             stop.clone(),
-        )?))
+        )?);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(remote.clone().sweep());
+        }
+        Some(remote)
     } else {
         None
     };
