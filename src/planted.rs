@@ -52,10 +52,17 @@ pub enum Plant {
     /// A corpus write reads its entry under the library's lock, then merges and writes it
     /// after letting go of it (concurrent writers lose each other's updates).
     CorpusUnlocked,
+    /// Remote MCP serves every agent's sessions from one session manager (a session opened
+    /// with one agent's token answers another's).
+    RemoteSharedSessions,
+    /// Remote MCP takes a token without looking at its expiry.
+    TokenExpiryIgnored,
+    /// An `--allow-host` name reaches the page and its API, not only `/mcp`.
+    RemotePageOpen,
 }
 
 impl Plant {
-    pub const ALL: [Plant; 18] = [
+    pub const ALL: [Plant; 21] = [
         Plant::EnrolAfterCommit,
         Plant::NoSyncBeforeWrite,
         Plant::ResumeBesideLive,
@@ -74,6 +81,9 @@ impl Plant {
         Plant::HoldBatchWhileWaiting,
         Plant::StaleJoin,
         Plant::CorpusUnlocked,
+        Plant::RemoteSharedSessions,
+        Plant::TokenExpiryIgnored,
+        Plant::RemotePageOpen,
     ];
 
     /// Its name in `HANDOFFS_PLANT`.
@@ -97,6 +107,9 @@ impl Plant {
             Plant::HoldBatchWhileWaiting => "hold_batch_while_waiting",
             Plant::StaleJoin => "stale_join",
             Plant::CorpusUnlocked => "corpus_unlocked",
+            Plant::RemoteSharedSessions => "remote_shared_sessions",
+            Plant::TokenExpiryIgnored => "token_expiry_ignored",
+            Plant::RemotePageOpen => "remote_page_open",
         }
     }
 }

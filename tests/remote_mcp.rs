@@ -268,7 +268,11 @@ async fn two_remote_agents_hand_work_to_each_other_each_as_its_token_says() {
     // Alice's token on Bob's session finds no session: the token never reaches a session it
     // did not open.
     let stolen = c.tool(&ta, &sb, 6, "inbox", json!({})).await;
-    assert_eq!(stolen.status, 404, "{}", stolen.text);
+    assert_eq!(
+        stolen.status, 404,
+        "remote MCP: alice's token reached bob's session ({})",
+        stolen.text
+    );
     assert!(stolen.message.is_none(), "{}", stolen.text);
 
     // What Bob received came from Alice alone: one handoff, none "from bob".
@@ -319,6 +323,11 @@ async fn wrong_missing_rotated_revoked_and_expired_tokens_are_refused() {
     let expired = c
         .post(&[("authorization", &format!("Bearer {short}"))], &init)
         .await;
+    assert_eq!(
+        expired.status, 401,
+        "remote MCP: an expired token was taken ({})",
+        expired.text
+    );
     refused(&expired, "expired");
 
     // A rotation: the old token is refused at once, and the sessions it opened end with it
@@ -447,7 +456,11 @@ async fn host_and_origin_checks_apply_to_mcp() {
         }
     };
     for path in ["/", "/api/status", "/api/events", "/metrics"] {
-        assert_eq!(get(path, named.clone()).await, 403, "{path} under {named}");
+        assert_eq!(
+            get(path, named.clone()).await,
+            403,
+            "remote MCP: {path} answered under the --allow-host name {named}"
+        );
         assert_eq!(
             get(path, format!("localhost:{port}")).await,
             200,

@@ -273,7 +273,7 @@ impl Remote {
             }
         };
         tracing::debug!(%agent, "remote MCP request");
-        let (service, sessions) = self.service_for(&agent, &token_hash);
+        let (mut service, sessions) = self.service_for(&agent, &token_hash);
         let session = req
             .headers()
             .get("mcp-session-id")
@@ -294,6 +294,23 @@ impl Remote {
                     "agent {agent} has {SESSIONS_PER_AGENT} open sessions, the most it may hold: close one (DELETE /mcp) or let one idle out (5 minutes)"
                 ),
             );
+        }
+        if crate::planted(crate::Plant::RemoteSharedSessions)
+            && let Some(id) = session.as_ref().filter(|_| !known)
+        {
+            // A session id is looked for among every agent's sessions.
+            let all: Vec<_> = self
+                .agents
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .values()
+                .map(|e| (e.service.clone(), e.sessions.clone()))
+                .collect();
+            for (other, others) in all {
+                if others.sessions.read().await.contains_key(id) {
+                    service = other;
+                }
+            }
         }
         if method == axum::http::Method::DELETE && !known {
             return json_rpc_error(StatusCode::NOT_FOUND, "no such session");
