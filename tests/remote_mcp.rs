@@ -329,6 +329,11 @@ async fn wrong_missing_rotated_revoked_and_expired_tokens_are_refused() {
         expired.text
     );
     refused(&expired, "expired");
+    // doctor names it, and fails.
+    let doctor = w.run(&["doctor"]);
+    let said = String::from_utf8_lossy(&doctor.stdout).into_owned();
+    assert_eq!(doctor.status.code(), Some(1), "{said}");
+    assert!(said.contains("remote MCP token expired"), "{said}");
 
     // A rotation: the old token is refused at once, and the sessions it opened end with it
     // (a leaked token's sessions must not outlive it), so the new token opens its own.

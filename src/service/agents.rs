@@ -188,6 +188,25 @@ impl Service {
         } else {
             db(false, format!("database {}: {check}", path.display()))
         });
+        // Remote MCP tokens: one that has expired locks its agent out of /mcp.
+        for agent in &agents {
+            let t = self.agent_token_info(&agent.id)?;
+            if let (true, Some(at)) = (t.token, t.expires_at) {
+                let when = crate::text::when(at);
+                out.push(Finding {
+                    agent: agent.id.clone(),
+                    ok: !t.expired,
+                    text: if t.expired {
+                        format!(
+                            "its remote MCP token expired {when}; `handoffs agent token {}` issues a new one",
+                            agent.id
+                        )
+                    } else {
+                        format!("its remote MCP token holds until {when}")
+                    },
+                });
+            }
+        }
         let token = crate::store::token_path(&path);
         for file in [path.clone(), token] {
             match crate::store::mode_of(&file) {
