@@ -9,7 +9,8 @@ tool and logs the tool's result. Every CLI runs with its own HOME and config fol
 
 Cases, per CLI:
   * configured as the docs show (Claude Code: `claude mcp add --transport http handoffs URL
-    --header "Authorization: Bearer TOKEN"`; Codex: `[mcp_servers.handoffs] url = ...
+    --header "Authorization: Bearer TOKEN"`, at its default scope: the docs' `--scope user`
+    only changes where the setting is kept; Codex: `[mcp_servers.handoffs] url = ...
     bearer_token_env_var = "HANDOFFS_TOKEN"`), the CLI lists the server and the model's call of
     send_handoff lands in bob's inbox exactly once, sent as alice (the token's agent), with a
     result that is no error;
@@ -370,6 +371,8 @@ def main():
     ap.add_argument("--claude")
     ap.add_argument("--codex")
     a = ap.parse_args()
+    # SIGTERM (CI's timeout, say) unwinds like Ctrl+C, so `finally` kills what was started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ci = os.environ.get("CI") == "true"
     binary = Path(a.bin).resolve()
     if not binary.is_file():

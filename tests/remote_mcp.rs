@@ -8,6 +8,7 @@ mod common;
 use serde_json::{Value, json};
 use std::process::Child;
 use std::time::Duration;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 struct Serving {
     child: Child,
@@ -186,6 +187,31 @@ fn answer(text: &str, id: Option<&Value>) -> Option<Value> {
         .find(|v| v.get("id") == Some(id))
 }
 
+/// Opens the session's event stream (GET /mcp).
+async fn listen(c: &Client, token: &str, session: String) -> reqwest::Response {
+    let res = c
+        .http
+        .get(&c.url)
+        .header("authorization", format!("Bearer {token}"))
+        .header("mcp-session-id", session)
+        .header("mcp-protocol-version", "2025-06-18")
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .expect("stream");
+    assert_eq!(res.status(), 200);
+    res
+}
+
+/// True when the stream ends (end of body, or the connection closed) within `secs`.
+async fn ends_within(mut res: reqwest::Response, secs: u64) -> bool {
+    tokio::time::timeout(Duration::from_secs(secs), async {
+        while let Ok(Some(_)) = res.chunk().await {}
+    })
+    .await
+    .is_ok()
+}
+
 fn world() -> common::World {
     let w = common::World::new();
     w.ok(&["agent", "add", "alice", "--provider", "demo"]);
@@ -286,12 +312,16 @@ async fn two_remote_agents_hand_work_to_each_other_each_as_its_token_says() {
 async fn wrong_missing_rotated_revoked_and_expired_tokens_are_refused() {
     let w = world();
     let ta = token(&w, &["alice"]);
-    let short = token(&w, &["bob", "--expires-minutes", "0.01"]);
     let s = serve(&w, &[]);
     let c = Client {
         http: reqwest::Client::new(),
         url: s.url.clone(),
     };
+    // A token for 6 s: it works at once (its time is minutes, not seconds), and the stream
+    // it opened ends once it has expired (the sweep, every 5 s).
+    let short = token(&w, &["bob", "--expires-minutes", "0.1"]);
+    let short_session = c.open(&short).await;
+    let short_stream = listen(&c, &short, short_session).await;
     let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
         "protocolVersion": "2025-06-18", "capabilities": {},
         "clientInfo": {"name": "remote-test", "version": "1"}}});
@@ -318,8 +348,11 @@ async fn wrong_missing_rotated_revoked_and_expired_tokens_are_refused() {
         "unknown token",
     );
 
-    // Expired: the short token (600 ms) is refused once its time is up.
-    std::thread::sleep(Duration::from_millis(700));
+    // Expired: the short token's stream ends, and the token is refused.
+    assert!(
+        ends_within(short_stream, 20).await,
+        "remote MCP: an expired token's stream was still open 20 s later"
+    );
     let expired = c
         .post(&[("authorization", &format!("Bearer {short}"))], &init)
         .await;
@@ -567,7 +600,12 @@ async fn serve_answers_over_tls_with_the_certificate_it_was_given() {
         http: trusted,
         url: format!("https://localhost:{port}/mcp"),
     };
+    // A client that connects and never speaks TLS holds up nobody.
+    let silent = tokio::net::TcpStream::connect(format!("127.0.0.1:{port}"))
+        .await
+        .expect("connect");
     let session = c.open(&ta).await;
+    drop(silent);
     let inbox = c.tool(&ta, &session, 1, "inbox", json!({})).await;
     assert!(!inbox.tool().1, "{}", inbox.text);
     // Without the token, HTTPS changes nothing about the refusal.
@@ -632,14 +670,74 @@ async fn sessions_are_bounded_per_agent_and_refusals_are_json() {
         http: reqwest::Client::new(),
         url: s.url.clone(),
     };
-    let mut open = Vec::new();
-    for _ in 0..16 {
-        open.push(c.open(&ta).await);
-    }
     let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
         "protocolVersion": "2025-06-18", "capabilities": {},
         "clientInfo": {"name": "remote-test", "version": "1"}}});
     let auth = format!("Bearer {ta}");
+    // 32 initializes at once, each holding back its body's last byte until all 32 are in:
+    // no more than 16 become sessions, the rest are refused 429.
+    let addr = c
+        .url
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .to_owned();
+    let body = init.to_string();
+    let mut held = Vec::new();
+    for _ in 0..32 {
+        let mut conn = tokio::net::TcpStream::connect(&addr)
+            .await
+            .expect("connect");
+        let head = format!(
+            "POST /mcp HTTP/1.1\r\nhost: {addr}\r\nauthorization: {auth}\r\ncontent-type: application/json\r\naccept: application/json, text/event-stream\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{}",
+            body.len(),
+            &body[..body.len() - 1]
+        );
+        conn.write_all(head.as_bytes()).await.expect("write");
+        held.push(conn);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut racing = tokio::task::JoinSet::new();
+    for mut conn in held {
+        racing.spawn(async move {
+            conn.write_all(b"}").await.expect("write");
+            let mut head = vec![0_u8; 4096];
+            let mut got = 0;
+            // The status line and headers; an event stream may stay open after them.
+            while !head[..got].windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = tokio::time::timeout(Duration::from_secs(20), conn.read(&mut head[got..]))
+                    .await
+                    .expect("an answer in time")
+                    .expect("read");
+                assert!(n > 0, "closed before the headers");
+                got += n;
+            }
+            let text = String::from_utf8_lossy(&head[..got]).into_owned();
+            let session = text.lines().find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("mcp-session-id:")
+                    .map(|v| v.trim().to_owned())
+            });
+            (text[9..12].parse::<u16>().expect("status"), session, text)
+        });
+    }
+    let mut open = Vec::new();
+    while let Some(done) = racing.join_next().await {
+        let (status, session, text) = done.expect("task");
+        match status {
+            200 => open.push(session.expect("a session id")),
+            429 => {}
+            other => panic!("{other}: {text}"),
+        }
+    }
+    assert!(
+        open.len() <= 16,
+        "remote MCP: {} sessions opened at once past the cap of 16",
+        open.len()
+    );
+    // Openings counted in flight may have refused a few more than needed: fill up to 16.
+    while open.len() < 16 {
+        open.push(c.open(&ta).await);
+    }
     let full = c.post(&[("authorization", &auth)], &init).await;
     assert_eq!(full.status, 429, "{}", full.text);
     assert!(full.text.contains("16 open sessions"), "{}", full.text);
@@ -693,49 +791,17 @@ async fn a_revoked_tokens_open_stream_ends_and_others_stay() {
         http: reqwest::Client::new(),
         url: s.url.clone(),
     };
-    let listen = |token: &str, session: String| {
-        let req = c
-            .http
-            .get(&c.url)
-            .header("authorization", format!("Bearer {token}"))
-            .header("mcp-session-id", session)
-            .header("mcp-protocol-version", "2025-06-18")
-            .header("accept", "text/event-stream");
-        async move {
-            let res = req.send().await.expect("stream");
-            assert_eq!(res.status(), 200);
-            res
-        }
-    };
-    let mut alice = listen(&ta, c.open(&ta).await).await;
-    let mut bob = listen(&tb, c.open(&tb).await).await;
+    let alice = listen(&c, &ta, c.open(&ta).await).await;
+    let bob = listen(&c, &tb, c.open(&tb).await).await;
     w.ok(&["agent", "token", "alice", "--revoke"]);
-    // Alice's stream ends (end of body or a closed connection) well within 15 s.
-    let ended = tokio::time::timeout(Duration::from_secs(15), async {
-        loop {
-            match alice.chunk().await {
-                Ok(Some(_)) => {}
-                Ok(None) | Err(_) => return,
-            }
-        }
-    })
-    .await;
+    // Alice's stream ends (end of body or a closed connection) well within 15 s; Bob's,
+    // whose token holds, does not end in the next 2 s.
     assert!(
-        ended.is_ok(),
+        ends_within(alice, 15).await,
         "the revoked token's stream was still open after 15 s"
     );
-    // Bob's is still open: nothing but keep-alive comes, and it does not end.
-    let still = tokio::time::timeout(Duration::from_secs(2), async {
-        loop {
-            match bob.chunk().await {
-                Ok(Some(_)) => {}
-                Ok(None) | Err(_) => return,
-            }
-        }
-    })
-    .await;
     assert!(
-        still.is_err(),
+        !ends_within(bob, 2).await,
         "bob's stream ended although his token holds"
     );
 }

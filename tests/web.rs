@@ -866,3 +866,36 @@ async fn fan_outs_waiting_show_and_joins_are_counted() {
         "{text}"
     );
 }
+
+/// The page and its API answer only this machine, whatever Host a client sends: a peer on
+/// the network that claims `Host: localhost` is refused; /healthz and /mcp (with its own
+/// token check) are the routes another machine may reach.
+#[tokio::test]
+async fn the_page_answers_only_peers_on_this_machine() {
+    let a = app(false);
+    let from = |ip: [u8; 4], uri: &str| {
+        let mut req = Request::builder()
+            .method("GET")
+            .uri(uri)
+            .header("host", "localhost:8765")
+            .body(Body::empty())
+            .expect("request");
+        req.extensions_mut()
+            .insert(axum::extract::ConnectInfo(web::Peer(
+                std::net::SocketAddr::from((ip, 40000)),
+            )));
+        let router = a.router.clone();
+        async move { router.oneshot(req).await.expect("response").status() }
+    };
+    for uri in ["/", "/api/status", "/api/events", "/metrics"] {
+        assert_eq!(
+            from([192, 0, 2, 2], uri).await,
+            StatusCode::FORBIDDEN,
+            "the page answered a peer at 192.0.2.2 on {uri}"
+        );
+        assert_eq!(from([127, 0, 0, 1], uri).await, StatusCode::OK, "{uri}");
+    }
+    assert_eq!(from([192, 0, 2, 2], "/healthz").await, StatusCode::OK);
+    // /mcp is reached, and refuses for want of a token, not for the peer.
+    assert_eq!(from([192, 0, 2, 2], "/mcp").await, StatusCode::UNAUTHORIZED);
+}

@@ -151,9 +151,8 @@ fn warn_if_public(host: &str, public_demo: bool, allow_hosts: bool, https: bool)
             );
         } else {
             eprintln!(
-                "handoffs: warning: listening on {host}: the page is reachable from the network \
-                 (the Host check still refuses names other than localhost, and sending needs the \
-                 token; give --allow-host NAME for the name remote agents use)"
+                "handoffs: warning: listening on {host}: other machines reach only /healthz (the \
+                 page answers this machine; remote agents need --allow-host NAME for /mcp)"
             );
         }
     }
@@ -201,9 +200,6 @@ pub async fn stop_signal(hangup: bool) -> u8 {
 /// How long open connections get to finish once the server is asked to stop.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 
-/// Binds, builds the page, then starts the engine (`start`) so that nothing is delivered by a
-/// server that could not start, announces the address, and serves until Ctrl+C, SIGTERM,
-/// SIGHUP or `stop`. Returns the engine's thread.
 /// Where and how the page listens.
 struct Listen<'a> {
     host: &'a str,
@@ -212,6 +208,9 @@ struct Listen<'a> {
     tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
 }
 
+/// Binds, builds the page, then starts the engine (`start`) so that nothing is delivered by a
+/// server that could not start, announces the address, and serves until Ctrl+C, SIGTERM,
+/// SIGHUP or `stop`. Returns the engine's thread.
 fn run_web(
     db: &Path,
     Listen { host, port, tls }: Listen<'_>,
@@ -287,9 +286,10 @@ async fn serve_until<L>(
     stop: &CancellationToken,
 ) -> Result<(), ServiceError>
 where
-    L: axum::serve::Listener,
-    L::Addr: std::fmt::Debug,
+    L: axum::serve::Listener<Addr = std::net::SocketAddr>,
+    web::Peer: for<'a> axum::extract::connect_info::Connected<axum::serve::IncomingStream<'a, L>>,
 {
+    let app = app.into_make_service_with_connect_info::<web::Peer>();
     let server = axum::serve(listener, app).with_graceful_shutdown({
         let s = stop.clone();
         async move { s.cancelled().await }

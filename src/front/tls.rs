@@ -4,8 +4,8 @@
 //! aws-lc-rs provider, so no new crypto is compiled in). The one piece written here is
 //! [`TlsListener`], an `axum::serve::Listener`: TCP connections are accepted on a task of
 //! their own and each handshake runs on its own task with a time limit, so a client that
-//! connects and never speaks TLS holds up nobody else; finished handshakes reach axum
-//! through a channel.
+//! connects and never speaks TLS holds up nobody else (at most 256 handshakes at once, each
+//! for at most 10 s); finished handshakes reach axum through a channel.
 
 use crate::service::ServiceError;
 use std::net::SocketAddr;
@@ -23,6 +23,9 @@ use tokio_util::sync::CancellationToken;
 
 /// How long a client gets to finish its TLS handshake.
 const HANDSHAKE_LIMIT: Duration = Duration::from_secs(10);
+/// Handshakes under way at once; past this, new connections wait in the kernel's backlog, so
+/// silent clients cannot use up the process's files.
+const HANDSHAKES_AT_ONCE: usize = 256;
 
 /// The certificate chain and private key files `serve` was given (PEM).
 #[derive(Clone, Debug)]
@@ -104,23 +107,33 @@ impl TlsListener {
         let local = tcp.local_addr()?;
         let (tx, ready) = tokio::sync::mpsc::channel(64);
         let acceptor = TlsAcceptor::from(config);
+        let slots = Arc::new(tokio::sync::Semaphore::new(HANDSHAKES_AT_ONCE));
         tokio::spawn(async move {
             loop {
+                let Ok(slot) = slots.clone().acquire_owned().await else {
+                    return;
+                };
                 let (stream, peer) = tokio::select! {
                     () = stop.cancelled() => return,
                     accepted = tcp.accept() => match accepted {
                         Ok(a) => a,
+                        // The client gave up before it was accepted: nothing to wait for.
+                        Err(e) if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::ConnectionAborted | std::io::ErrorKind::ConnectionReset
+                        ) => continue,
                         Err(e) => {
                             // Out of file descriptors and the like: wait, as axum's own
                             // listener does, rather than spin.
                             tracing::warn!(error = %e, "accepting a connection failed");
-                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            tokio::time::sleep(Duration::from_secs(1)).await;
                             continue;
                         }
                     },
                 };
                 let (acceptor, tx) = (acceptor.clone(), tx.clone());
                 tokio::spawn(async move {
+                    let _slot = slot;
                     match tokio::time::timeout(HANDSHAKE_LIMIT, acceptor.accept(stream)).await {
                         Ok(Ok(tls)) => {
                             let _ = tx.send((tls, peer)).await;

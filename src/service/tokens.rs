@@ -3,6 +3,7 @@
 //! agent. A fast hash is enough: a token is 256 random bits, never a password a person chose.
 
 use super::{Result, Service, ServiceError, check_agent_id, millis};
+use crate::store::TokenOwner;
 use sha2::{Digest, Sha256};
 
 /// What a token starts with, so a leaked one is easy to recognise (and to search logs for).
@@ -164,11 +165,17 @@ impl Service {
         &mut self,
         token: &str,
     ) -> Result<std::result::Result<String, TokenRefusal>> {
+        Ok(self.token_holder(token)?.map(|o| o.agent))
+    }
+
+    /// The stored record of a presented token (its agent, when it was issued, until when),
+    /// or why it names no agent.
+    pub fn token_holder(
+        &mut self,
+        token: &str,
+    ) -> Result<std::result::Result<TokenOwner, TokenRefusal>> {
         let token = token.trim();
-        let shaped = token
-            .strip_prefix(TOKEN_PREFIX)
-            .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()));
-        if !shaped {
+        if !well_formed(token) {
             return Ok(Err(TokenRefusal::Malformed));
         }
         let stored = hash(token);
@@ -185,9 +192,18 @@ impl Service {
                     at: o.expires_at.unwrap_or(now),
                 })
             }
-            Some(o) => Ok(o.agent),
+            Some(o) => Ok(o),
         })
     }
+}
+
+/// True for a token of the shape `agent token` issues (`hat_` and 64 hex digits): anything
+/// else is refused before the database is asked.
+pub fn well_formed(token: &str) -> bool {
+    token
+        .trim()
+        .strip_prefix(TOKEN_PREFIX)
+        .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 #[cfg(test)]

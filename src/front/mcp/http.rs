@@ -14,7 +14,8 @@
 //!   off because that check is the router's.
 
 use super::McpServer;
-use crate::service::{Service, tokens::TokenRefusal};
+use crate::service::Service;
+use crate::service::tokens::{self, TokenRefusal};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -38,10 +39,46 @@ pub const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 struct AgentEntry {
     /// The stored hash of the token whose requests it serves: a rotation makes a new one.
     token_hash: String,
-    service: AgentService,
-    sessions: Arc<LocalSessionManager>,
+    /// When that token was issued: an older one never replaces a newer one.
+    issued_at: i64,
+    served: Served,
     /// Ends this agent's sessions (when its token is rotated, or the server stops).
     stop: tokio_util::sync::CancellationToken,
+}
+
+/// What answers one agent's requests.
+#[derive(Clone)]
+struct Served {
+    service: AgentService,
+    sessions: Arc<LocalSessionManager>,
+    /// Requests without a session (an `initialize` on its way to be a session) in flight.
+    opening: Arc<std::sync::atomic::AtomicUsize>,
+    /// Orders the check of the session cap with the count of those in flight.
+    gate: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// One request without a session counted in flight until dropped.
+struct Opening(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Opening {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Served {
+    /// Counts a request that may open a session, or None when the agent's open sessions and
+    /// those on their way already reach `SESSIONS_PER_AGENT`.
+    async fn open(&self) -> Option<Opening> {
+        use std::sync::atomic::Ordering;
+        let _gate = self.gate.lock().await;
+        let open = self.sessions.sessions.read().await.len();
+        if open + self.opening.load(Ordering::SeqCst) >= SESSIONS_PER_AGENT {
+            return None;
+        }
+        self.opening.fetch_add(1, Ordering::SeqCst);
+        Some(Opening(self.opening.clone()))
+    }
 }
 
 /// The remote MCP endpoint of one `serve`.
@@ -109,7 +146,8 @@ async fn as_json_error(res: Response) -> Response {
     if !(status.is_client_error() || status.is_server_error()) || json {
         return res;
     }
-    let text = axum::body::to_bytes(res.into_body(), 4096)
+    let (parts, body) = res.into_parts();
+    let text = axum::body::to_bytes(body, 4096)
         .await
         .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
         .unwrap_or_default();
@@ -118,7 +156,14 @@ async fn as_json_error(res: Response) -> Response {
     } else {
         text
     };
-    json_rpc_error(status, &message)
+    let mut res = json_rpc_error(status, &message);
+    // Keep what rmcp said besides the body (`Allow` on a 405, say).
+    for (name, value) in &parts.headers {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            res.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    res
 }
 
 impl Remote {
@@ -190,14 +235,11 @@ impl Remote {
         }
     }
 
-    /// The rmcp service that serves `agent`'s sessions opened with the token `token_hash`
-    /// names, and its session manager. A new token (a rotation) ends the sessions the old
-    /// one opened, open event streams included.
-    fn service_for(
-        &self,
-        agent: &str,
-        token_hash: &str,
-    ) -> (AgentService, Arc<LocalSessionManager>) {
+    /// What serves `agent`'s sessions opened with the token stored as `token_hash`, issued
+    /// at `issued_at`. A newer token (a rotation) ends the sessions the old one opened, open
+    /// event streams included; None for a token older than the one already serving (a
+    /// request that was checked just before a rotation and arrives after it).
+    fn service_for(&self, agent: &str, token_hash: &str, issued_at: i64) -> Option<Served> {
         let mut agents = self
             .agents
             .lock()
@@ -205,6 +247,9 @@ impl Remote {
         if let Some(old) = agents.get(agent)
             && old.token_hash != token_hash
         {
+            if old.issued_at > issued_at {
+                return None;
+            }
             old.stop.cancel();
             agents.remove(agent);
         }
@@ -225,12 +270,17 @@ impl Remote {
             );
             AgentEntry {
                 token_hash: token_hash.to_owned(),
-                service,
-                sessions,
+                issued_at,
+                served: Served {
+                    service,
+                    sessions,
+                    opening: Arc::default(),
+                    gate: Arc::default(),
+                },
                 stop,
             }
         });
-        (entry.service.clone(), entry.sessions.clone())
+        Some(entry.served.clone())
     }
 
     /// Answers one request to `/mcp`: the token names the agent, then that agent's rmcp
@@ -246,20 +296,23 @@ impl Remote {
                 "this server answers MCP only to its own origins (the Origin header names another host)",
             );
         }
-        let Some(token) = bearer(req.headers()).map(str::to_owned) else {
+        let Some(token) = bearer(req.headers())
+            .filter(|t| tokens::well_formed(t))
+            .map(str::to_owned)
+        else {
             return unauthorized(&TokenRefusal::Malformed);
         };
-        let token_hash = crate::service::tokens::hash(&token);
+        let token_hash = tokens::hash(&token);
         let service = self.service.clone();
         let found = tokio::task::spawn_blocking(move || {
             service
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .agent_for_token(&token)
+                .token_holder(&token)
         })
         .await;
-        let agent = match found {
-            Ok(Ok(Ok(agent))) => agent,
+        let holder = match found {
+            Ok(Ok(Ok(holder))) => holder,
             Ok(Ok(Err(refusal))) => {
                 tracing::info!(%refusal, "remote MCP: token refused");
                 return unauthorized(&refusal);
@@ -272,55 +325,68 @@ impl Remote {
                 );
             }
         };
+        let agent = holder.agent;
         tracing::debug!(%agent, "remote MCP request");
-        let (mut service, sessions) = self.service_for(&agent, &token_hash);
+        let Some(served) = self.service_for(&agent, &token_hash, holder.created_at) else {
+            return unauthorized(&TokenRefusal::Unknown);
+        };
         let session = req
             .headers()
             .get("mcp-session-id")
             .and_then(|v| v.to_str().ok())
             .map(|v| rmcp::transport::streamable_http_server::SessionId::from(v.to_owned()));
-        let known = match &session {
-            Some(id) => sessions.sessions.read().await.contains_key(id),
-            None => false,
-        };
         let method = req.method().clone();
-        if method == axum::http::Method::POST
-            && session.is_none()
-            && sessions.sessions.read().await.len() >= SESSIONS_PER_AGENT
-        {
-            return json_rpc_error(
-                StatusCode::TOO_MANY_REQUESTS,
-                &format!(
-                    "agent {agent} has {SESSIONS_PER_AGENT} open sessions, the most it may hold: close one (DELETE /mcp) or let one idle out (5 minutes)"
-                ),
-            );
-        }
-        if crate::planted(crate::Plant::RemoteSharedSessions)
-            && let Some(id) = session.as_ref().filter(|_| !known)
-        {
-            // A session id is looked for among every agent's sessions.
-            let all: Vec<_> = self
-                .agents
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .values()
-                .map(|e| (e.service.clone(), e.sessions.clone()))
-                .collect();
-            for (other, others) in all {
-                if others.sessions.read().await.contains_key(id) {
-                    service = other;
+        let mut service = served.service.clone();
+        let mut opening = None;
+        match &session {
+            None if method == axum::http::Method::POST => match served.open().await {
+                Some(o) => opening = Some(o),
+                None => {
+                    return json_rpc_error(
+                        StatusCode::TOO_MANY_REQUESTS,
+                        &format!(
+                            "agent {agent} has {SESSIONS_PER_AGENT} open sessions, the most it may hold: close one (DELETE /mcp) or let one idle out (5 minutes)"
+                        ),
+                    );
+                }
+            },
+            Some(id) if !served.sessions.sessions.read().await.contains_key(id) => {
+                if crate::planted(crate::Plant::RemoteSharedSessions) {
+                    service = self.anyones_session(id).await.unwrap_or(service);
+                } else if method == axum::http::Method::DELETE {
+                    return json_rpc_error(StatusCode::NOT_FOUND, "no such session");
                 }
             }
+            _ => {}
         }
-        if method == axum::http::Method::DELETE && !known {
-            return json_rpc_error(StatusCode::NOT_FOUND, "no such session");
-        }
-        let mut res = as_json_error(service.handle(req).await.map(axum::body::Body::new)).await;
+        let res = service.handle(req).await.map(axum::body::Body::new);
+        drop(opening);
+        let mut res = as_json_error(res).await;
         // rmcp answers a session's end with 202 and no body; clients (the Python SDK among
         // them) expect 200 or 204 there and warn otherwise.
         if method == axum::http::Method::DELETE && res.status() == StatusCode::ACCEPTED {
             *res.status_mut() = StatusCode::NO_CONTENT;
         }
         res
+    }
+
+    /// The planted `remote_shared_sessions`: the service of whichever agent holds `id`.
+    async fn anyones_session(
+        &self,
+        id: &rmcp::transport::streamable_http_server::SessionId,
+    ) -> Option<AgentService> {
+        let all: Vec<Served> = self
+            .agents
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .map(|e| e.served.clone())
+            .collect();
+        for other in all {
+            if other.sessions.sessions.read().await.contains_key(id) {
+                return Some(other.service);
+            }
+        }
+        None
     }
 }

@@ -156,6 +156,31 @@ pub fn check_allowed_host(entry: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The address a connection came from, as the server's listeners (plain or TLS) give it.
+#[derive(Clone, Copy, Debug)]
+pub struct Peer(pub std::net::SocketAddr);
+
+impl
+    axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, tokio::net::TcpListener>>
+    for Peer
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, tokio::net::TcpListener>) -> Self {
+        Peer(*stream.remote_addr())
+    }
+}
+
+impl
+    axum::extract::connect_info::Connected<
+        axum::serve::IncomingStream<'_, crate::front::tls::TlsListener>,
+    > for Peer
+{
+    fn connect_info(
+        stream: axum::serve::IncomingStream<'_, crate::front::tls::TlsListener>,
+    ) -> Self {
+        Peer(*stream.remote_addr())
+    }
+}
+
 /// What a request from an `--allow-host` name may reach: remote MCP and the health check.
 /// The page and its API answer loopback names only: they show every message and need no
 /// token to read.
@@ -266,9 +291,10 @@ pub fn router(
             options.context_library.clone(),
             stop.clone(),
         )?);
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(remote.clone().sweep());
-        }
+        let rt = tokio::runtime::Handle::try_current().map_err(|_| {
+            ServiceError::Refused("remote MCP starts only inside the server's runtime".into())
+        })?;
+        rt.spawn(remote.clone().sweep());
         Some(remote)
     } else {
         None
@@ -374,8 +400,23 @@ async fn host_check(
             .authority()
             .map(axum::http::uri::Authority::as_str);
         let named = target.or(host);
-        // An --allow-host name reaches /mcp and /healthz; every other route is loopback's.
+        // An --allow-host name reaches /mcp and /healthz; every other route is loopback's,
+        // by the peer's address too (a client that is not a browser may send any Host). A
+        // request without a peer address is one made in process.
         let remote_ok = remote_route(req.uri().path());
+        let peer = req
+            .extensions()
+            .get::<axum::extract::ConnectInfo<Peer>>()
+            .map(|c| c.0.0.ip());
+        if !remote_ok
+            && peer.is_some_and(|ip| !ip.is_loopback())
+            && !crate::planted(crate::Plant::RemotePageOpen)
+        {
+            return error(
+                StatusCode::FORBIDDEN,
+                "the page and its API answer only this machine (remote agents use /mcp)",
+            );
+        }
         let allowed = |h: &str| loopback_host(h) || (remote_ok && state.options.remote_host(h));
         if !named.is_some_and(allowed) || !host.is_none_or(allowed) {
             let remote = [named, host]
