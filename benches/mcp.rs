@@ -1,4 +1,5 @@
-//! The MCP server's costs (docs/PERFORMANCE.md).
+//! The MCP server's costs (docs/PERFORMANCE.md): over stdio (`handoffs mcp`) and over
+//! Streamable HTTP (`serve`'s `/mcp`, with a bearer token).
 //! Run: `cargo build --release && cargo bench --bench mcp`.
 //!
 //! A bench binary: the figures are across a process boundary (spawn → `initialize` reply,
@@ -164,6 +165,8 @@ fn main() {
     }
     s.stop();
 
+    remote(&db, dir.path());
+
     // 1,000 ledger cycles in process: create, claim (the workspace lease), pass.
     let lroot = dir.path().join("ledger");
     std::fs::create_dir_all(&lroot).unwrap();
@@ -191,4 +194,149 @@ fn main() {
     let total = t.elapsed().as_secs_f64();
     summary("ledger create+claim+pass cycle", per);
     println!("{:<44} {total:.3} s for 1,000 cycles", "ledger total");
+}
+
+/// One POST to `/mcp`: the JSON-RPC answer (from a JSON body or the event stream) and the
+/// session id header, if any.
+async fn post(
+    http: &reqwest::Client,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: &Value,
+) -> (Option<Value>, Option<String>) {
+    let mut req = http
+        .post(url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(body.to_string());
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let mut res = req.send().await.unwrap();
+    let session = res
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let Some(id) = body.get("id") else {
+        return (None, session);
+    };
+    let mut text = String::new();
+    while let Some(chunk) = res.chunk().await.unwrap() {
+        text.push_str(&String::from_utf8_lossy(&chunk));
+        let found = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .chain(std::iter::once(text.as_str()))
+            .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+            .find(|v| v.get("id") == Some(id));
+        if found.is_some() {
+            return (found, session);
+        }
+    }
+    (None, session)
+}
+
+/// Remote MCP: `serve --port 0`, a token for alice, then sessions and tool calls over HTTP
+/// on loopback (no TLS), one request at a time.
+fn remote(db: &Path, dir: &Path) {
+    let out = Command::new(bin())
+        .args(["agent", "token", "alice"])
+        .env("HANDOFFS_DB", db)
+        .stderr(Stdio::null())
+        .output()
+        .unwrap();
+    let auth = format!("Bearer {}", String::from_utf8_lossy(&out.stdout).trim());
+    let mut child = Command::new(bin())
+        .args(["serve", "--port", "0"])
+        .env("HANDOFFS_DB", db)
+        .current_dir(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let base = first
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap()
+        .split('#')
+        .next()
+        .unwrap()
+        .trim_end_matches('/')
+        .to_owned();
+    let url = format!("{base}/mcp");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let http = reqwest::Client::new();
+        let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "bench", "version": "1"}}});
+        let open = || async {
+            let (_, session) = post(&http, &url, &[("authorization", &auth)], &init).await;
+            let session = session.unwrap();
+            let hs = [
+                ("authorization", auth.as_str()),
+                ("mcp-session-id", session.as_str()),
+                ("mcp-protocol-version", "2025-06-18"),
+            ];
+            post(
+                &http,
+                &url,
+                &hs,
+                &json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+            )
+            .await;
+            session
+        };
+        // A session's life: initialize, initialized, DELETE (the cap is 16 at once).
+        let mut opens = Vec::new();
+        for _ in 0..100 {
+            let t = Instant::now();
+            let session = open().await;
+            opens.push(t.elapsed().as_secs_f64() * 1e3);
+            http.delete(&url)
+                .header("authorization", &auth)
+                .header("mcp-session-id", &session)
+                .send()
+                .await
+                .unwrap();
+        }
+        summary("HTTP initialize + initialized (a session)", opens);
+        let session = open().await;
+        let hs = [
+            ("authorization", auth.as_str()),
+            ("mcp-session-id", session.as_str()),
+            ("mcp-protocol-version", "2025-06-18"),
+        ];
+        for (tool, args) in [
+            ("list_agents", json!({})),
+            ("inbox", json!({"limit": 20})),
+            ("send_handoff", json!({"to": "bob"})),
+        ] {
+            let mut ms = Vec::new();
+            for i in 0..2_200 {
+                let mut a = args.clone();
+                if tool == "send_handoff" {
+                    a["message"] = json!(format!("remote bench handoff {i}"));
+                }
+                let call = json!({"jsonrpc": "2.0", "id": i + 1, "method": "tools/call",
+                    "params": {"name": tool, "arguments": a}});
+                let t = Instant::now();
+                let (answer, _) = post(&http, &url, &hs, &call).await;
+                let took = t.elapsed().as_secs_f64() * 1e3;
+                let answer = answer.unwrap();
+                assert!(answer["result"]["isError"] != json!(true), "{answer}");
+                if i >= 200 {
+                    ms.push(took);
+                }
+            }
+            summary(&format!("HTTP tools/call {tool}"), ms);
+        }
+    });
+    let _ = child.kill();
+    let _ = child.wait();
 }
