@@ -269,7 +269,7 @@ fn run_web(
                         .map_err(|e| refused(e.to_string()))?;
                     serve_until(listener, app, &s).await?;
                 }
-                None => serve_until(listener, app, &s).await?,
+                None => serve_until(web::PlainListener(listener), app, &s).await?,
             }
             drop(snaps);
             Ok(())

@@ -131,6 +131,8 @@ impl TlsListener {
                         }
                     },
                 };
+                let mut stream = stream;
+                crate::front::web::nodelay(&mut stream);
                 let (acceptor, tx) = (acceptor.clone(), tx.clone());
                 tokio::spawn(async move {
                     let _slot = slot;

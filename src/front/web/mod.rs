@@ -160,11 +160,53 @@ pub fn check_allowed_host(entry: &str) -> Result<(), String> {
 #[derive(Clone, Copy, Debug)]
 pub struct Peer(pub std::net::SocketAddr);
 
-impl
-    axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, tokio::net::TcpListener>>
+/// The plain listener: TCP with `TCP_NODELAY` set on each connection ([`nodelay`]).
+#[derive(Debug)]
+pub struct PlainListener(pub tokio::net::TcpListener);
+
+/// Sends small writes at once. Without it an event stream's answer (an MCP tool call's, sent
+/// as several small writes) waits for the client's delayed ACK: 40 ms a call on Linux.
+pub fn nodelay(stream: &mut tokio::net::TcpStream) {
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::debug!(error = %e, "TCP_NODELAY not set");
+    }
+}
+
+impl axum::serve::Listener for PlainListener {
+    type Io = tokio::net::TcpStream;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            match self.0.accept().await {
+                Ok((mut stream, addr)) => {
+                    nodelay(&mut stream);
+                    return (stream, addr);
+                }
+                // The client gave up before it was accepted: nothing to wait for.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::ConnectionAborted | std::io::ErrorKind::ConnectionReset
+                    ) => {}
+                Err(e) => {
+                    // Out of file descriptors and the like: wait rather than spin.
+                    tracing::warn!(error = %e, "accepting a connection failed");
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.0.local_addr()
+    }
+}
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, PlainListener>>
     for Peer
 {
-    fn connect_info(stream: axum::serve::IncomingStream<'_, tokio::net::TcpListener>) -> Self {
+    fn connect_info(stream: axum::serve::IncomingStream<'_, PlainListener>) -> Self {
         Peer(*stream.remote_addr())
     }
 }
