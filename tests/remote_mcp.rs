@@ -15,6 +15,17 @@ struct Serving {
     url: String,
 }
 
+impl Serving {
+    /// The port `serve` chose.
+    fn port(&self) -> &str {
+        self.url
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.split('/').next())
+            .expect("port")
+    }
+}
+
 impl Drop for Serving {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -402,12 +413,7 @@ async fn host_and_origin_checks_apply_to_mcp() {
         http: http.clone(),
         url: plain.url.clone(),
     };
-    let port = plain
-        .url
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.split('/').next())
-        .expect("port");
+    let port = plain.port();
     let named = format!("agents.example:{port}");
     let r = c
         .post(&[("authorization", &auth), ("host", &named)], &init)
@@ -439,12 +445,7 @@ async fn host_and_origin_checks_apply_to_mcp() {
         http,
         url: open.url.clone(),
     };
-    let port = open
-        .url
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.split('/').next())
-        .expect("port");
+    let port = open.port();
     let named = format!("agents.example:{port}");
     let r = c
         .post(
@@ -584,12 +585,7 @@ async fn serve_answers_over_tls_with_the_certificate_it_was_given() {
         url: format!("{url}/mcp"),
     };
     assert!(s.url.starts_with("https://127.0.0.1:"), "{}", s.url);
-    let port = s
-        .url
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.split('/').next())
-        .expect("port");
+    let port = s.port();
     let trusted = reqwest::Client::builder()
         .add_root_certificate(
             reqwest::Certificate::from_pem(cert.cert.pem().as_bytes()).expect("pem"),
