@@ -147,7 +147,7 @@ impl Service {
                 token: held.is_some(),
                 created_at: held.as_ref().map(|t| t.created_at),
                 expires_at: held.as_ref().and_then(|t| t.expires_at),
-                expired: held.is_some_and(|t| t.expires_at.is_some_and(|at| at <= now)),
+                expired: held.is_some_and(|t| expired(&t, now)),
             })
         })
     }
@@ -157,15 +157,7 @@ impl Service {
     pub fn token_holds(&mut self, stored: &str) -> Result<bool> {
         let now = millis(self.now());
         let owner = self.store.read(|tx| tx.token_owner(stored))?;
-        Ok(owner.is_some_and(|o| o.expires_at.is_none_or(|at| at > now)))
-    }
-
-    /// The agent a presented token names, or why it names none.
-    pub fn agent_for_token(
-        &mut self,
-        token: &str,
-    ) -> Result<std::result::Result<String, TokenRefusal>> {
-        Ok(self.token_holder(token)?.map(|o| o.agent))
+        Ok(owner.is_some_and(|o| !expired(&o, now)))
     }
 
     /// The stored record of a presented token (its agent, when it was issued, until when),
@@ -183,10 +175,7 @@ impl Service {
         let owner = self.store.read(|tx| tx.token_owner(&stored))?;
         Ok(match owner {
             None => Err(TokenRefusal::Unknown),
-            Some(o)
-                if o.expires_at.is_some_and(|at| at <= now)
-                    && !crate::planted(crate::Plant::TokenExpiryIgnored) =>
-            {
+            Some(o) if expired(&o, now) && !crate::planted(crate::Plant::TokenExpiryIgnored) => {
                 Err(TokenRefusal::Expired {
                     agent: o.agent,
                     at: o.expires_at.unwrap_or(now),
@@ -195,6 +184,12 @@ impl Service {
             Some(o) => Ok(o),
         })
     }
+}
+
+/// True once a token's time is up (at its expiry instant, not after it); the one rule for the
+/// refusal, the sweep and `--show`.
+fn expired(t: &TokenOwner, now: i64) -> bool {
+    t.expires_at.is_some_and(|at| at <= now)
 }
 
 /// True for a token of the shape `agent token` issues (`hat_` and 64 hex digits): anything
@@ -224,26 +219,26 @@ mod tests {
         let first = s.issue_agent_token("alice", None).unwrap();
         assert!(!first.rotated && first.expires_at.is_none());
         assert_eq!(
-            s.agent_for_token(&first.token).unwrap(),
+            s.token_holder(&first.token).unwrap().map(|o| o.agent),
             Ok("alice".to_owned())
         );
         let second = s.issue_agent_token("alice", Some(60.0)).unwrap();
         assert!(second.rotated);
         assert_eq!(
-            s.agent_for_token(&first.token).unwrap(),
+            s.token_holder(&first.token).unwrap().map(|o| o.agent),
             Err(TokenRefusal::Unknown)
         );
         assert_eq!(
-            s.agent_for_token(&second.token).unwrap(),
+            s.token_holder(&second.token).unwrap().map(|o| o.agent),
             Ok("alice".to_owned())
         );
         assert_eq!(
-            s.agent_for_token("hat_zz").unwrap(),
+            s.token_holder("hat_zz").unwrap().map(|o| o.agent),
             Err(TokenRefusal::Malformed)
         );
         assert!(s.revoke_agent_token("alice").unwrap());
         assert_eq!(
-            s.agent_for_token(&second.token).unwrap(),
+            s.token_holder(&second.token).unwrap().map(|o| o.agent),
             Err(TokenRefusal::Unknown)
         );
         // The secret itself is in none of the database's files.

@@ -172,14 +172,7 @@ impl Remote {
         library: Option<PathBuf>,
         stop: tokio_util::sync::CancellationToken,
     ) -> Result<Remote, crate::service::ServiceError> {
-        if let Some(dir) = &library
-            && !dir.is_dir()
-        {
-            return Err(crate::service::ServiceError::Usage(format!(
-                "--context-library {} is not a folder (create it first)",
-                dir.display()
-            )));
-        }
+        super::check_library(library.as_deref())?;
         let service = Service::open(&db)?;
         Ok(Remote {
             db,

@@ -156,14 +156,7 @@ impl McpServer {
                 "unknown agent {agent:?}; register it with `handoffs agent add {agent} --provider …`"
             )));
         }
-        if let Some(dir) = context_library
-            && !dir.is_dir()
-        {
-            return Err(ServiceError::Usage(format!(
-                "--context-library {} is not a folder (create it first)",
-                dir.display()
-            )));
-        }
+        check_library(context_library)?;
         let library = context_library.map(Library::open).transpose()?;
         let ledger_root = std::env::current_dir()
             .map_err(|e| format!("no current folder: {e}"))
@@ -696,5 +689,16 @@ where
 
     fn close(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send {
         self.inner.close()
+    }
+}
+
+/// `--context-library DIR` must name an existing folder (stdio and remote MCP alike).
+pub(crate) fn check_library(dir: Option<&Path>) -> Result<(), ServiceError> {
+    match dir {
+        Some(dir) if !dir.is_dir() => Err(ServiceError::Usage(format!(
+            "--context-library {} is not a folder (create it first)",
+            dir.display()
+        ))),
+        _ => Ok(()),
     }
 }
