@@ -13,17 +13,15 @@
     clippy::many_single_char_names
 )]
 
+mod common;
+
+use common::bin;
 use handoffs::service::ledger::Ledger;
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Instant;
-
-/// The binary cargo built for this bench (the same profile and target folder).
-fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_handoffs"))
-}
 
 fn pct(sorted: &[f64], p: f64) -> f64 {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
@@ -247,27 +245,7 @@ fn remote(db: &Path, dir: &Path) {
         .output()
         .unwrap();
     let auth = format!("Bearer {}", String::from_utf8_lossy(&out.stdout).trim());
-    let mut child = Command::new(bin())
-        .args(["serve", "--port", "0"])
-        .env("HANDOFFS_DB", db)
-        .current_dir(dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut first = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    let base = first
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap()
-        .split('#')
-        .next()
-        .unwrap()
-        .trim_end_matches('/')
-        .to_owned();
+    let (mut child, base) = common::serve(db, dir);
     let url = format!("{base}/mcp");
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {

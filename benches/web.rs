@@ -3,18 +3,13 @@
 //! install wrk`).
 //! Run: `cargo build --release && cargo bench --bench web`.
 
+mod common;
+
 use handoffs::service::Service;
 use handoffs::store::Store;
 use serde_json::json;
-use std::io::{BufRead as _, BufReader};
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Instant;
-
-/// The binary cargo built for this bench (the same profile and target folder).
-fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_handoffs"))
-}
 
 fn main() {
     assert!(
@@ -67,25 +62,7 @@ fn main() {
         ms[10]
     );
     drop(svc);
-    let mut serve = Command::new(bin())
-        .args(["serve", "--port", "0"])
-        .env("HANDOFFS_DB", &db)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(serve.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap()
-        .split('#')
-        .next()
-        .unwrap()
-        .to_owned();
+    let (mut serve, url) = common::serve(&db, dir.path());
     // Let the engine take its first pass over the backlog.
     std::thread::sleep(std::time::Duration::from_secs(3));
     for (path, connections) in [
@@ -96,7 +73,7 @@ fn main() {
     ] {
         let out = Command::new("wrk")
             .args(["-t2", &format!("-c{connections}"), "-d10s", "--latency"])
-            .arg(format!("{url}{path}"))
+            .arg(format!("{url}/{path}"))
             .output()
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout);

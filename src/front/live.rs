@@ -306,6 +306,14 @@ where
     Ok(())
 }
 
+/// Prints the start-up lines in one write: a reader that takes the first line and closes
+/// the pipe (`serve | head -1`) must not make a later line fail, and nothing here may panic.
+fn announce_lines(text: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes());
+    let _ = out.flush();
+}
+
 fn url_for(addr: std::net::SocketAddr, token: Option<&str>, https: bool) -> String {
     let host = if addr.ip().is_unspecified() {
         "127.0.0.1".to_owned()
@@ -330,6 +338,9 @@ pub fn serve(
     tls: Option<&crate::front::tls::TlsFiles>,
     policy: Option<model::Policy>,
 ) -> Result<Ended, ServiceError> {
+    for entry in &options.allowed_hosts {
+        web::check_allowed_host(entry).map_err(ServiceError::Usage)?;
+    }
     let tls = tls.map(crate::front::tls::TlsFiles::load).transpose()?;
     let https = tls.is_some();
     let public_demo = options.public_demo;
@@ -353,14 +364,14 @@ pub fn serve(
                 );
             }
             let url = url_for(addr, (!public_demo).then_some(token.as_str()), https);
-            println!("handoffs: serving {url}");
+            let mut said = format!("handoffs: serving {url}\n");
             if !public_demo {
                 let base = url_for(addr, None, https);
-                println!(
-                    "handoffs: remote MCP at {base}mcp (each agent with its token: handoffs agent token ID)"
-                );
+                said.push_str(&format!(
+                    "handoffs: remote MCP at {base}mcp (each agent with its token: handoffs agent token ID)\n"
+                ));
             }
-            let _ = std::io::stdout().flush();
+            announce_lines(&said);
         },
     );
     stop.cancel();
@@ -544,11 +555,9 @@ pub fn demo(
         |addr| {
             warn_if_public(host, public_demo, false, false);
             let url = url_for(addr, (!public_demo).then_some(token.as_str()), false);
-            println!("handoffs demo: open {url}");
-            println!(
-                "four demo agents (Planner, Engineer, Reviewer, Writer) are handing work around; Ctrl+C stops the demo and deletes its data"
-            );
-            let _ = std::io::stdout().flush();
+            announce_lines(&format!(
+                "handoffs demo: open {url}\nfour demo agents (Planner, Engineer, Reviewer, Writer) are handing work around; Ctrl+C stops the demo and deletes its data\n"
+            ));
         },
     );
     stop.cancel();

@@ -110,7 +110,10 @@ fn split_authority(host: &str) -> (String, Option<&str>) {
         }
     } else {
         match host.rsplit_once(':') {
-            Some((h, p)) if !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()) => (h, Some(p)),
+            // `name:` (an empty port, which RFC 3986 allows) is the name alone.
+            Some((h, p)) if p.chars().all(|c| c.is_ascii_digit()) => {
+                (h, Some(p).filter(|p| !p.is_empty()))
+            }
             _ => (host, None),
         }
     };
@@ -404,18 +407,10 @@ fn service_error(e: &ServiceError) -> Response {
 
 /// True for a `Host` header naming this machine: localhost, 127.0.0.0/8 or ::1, any port.
 pub fn loopback_host(host: &str) -> bool {
-    let name = if let Some(rest) = host.strip_prefix('[') {
-        rest.split(']').next().unwrap_or("")
-    } else {
-        host.rsplit_once(':').map_or(host, |(h, port)| {
-            if port.chars().all(|c| c.is_ascii_digit()) {
-                h
-            } else {
-                host
-            }
-        })
-    };
-    let name = name.trim_end_matches('.').to_ascii_lowercase();
+    let (name, _) = split_authority(host);
+    let name = name
+        .strip_prefix('[')
+        .map_or(name.as_str(), |n| n.strip_suffix(']').unwrap_or(n));
     name == "localhost"
         || name.ends_with(".localhost")
         || name
