@@ -240,8 +240,7 @@ fn a_missing_garbage_or_read_only_database_is_one_clear_line() {
 fn a_locked_database_fails_with_one_line_and_writes_nothing() {
     let w = World::new();
     w.ok(&["agent", "add", "a", "--provider", "demo"]);
-    let holder = rusqlite::Connection::open(&w.db).unwrap();
-    holder.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    let holder = common::WriteLockHolder::take(&w.db);
     let out = w
         .cmd()
         .env("HANDOFFS_BUSY_TIMEOUT_MS", "200")
@@ -252,7 +251,6 @@ fn a_locked_database_fails_with_one_line_and_writes_nothing() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("locked"), "{err}");
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
-    holder.execute_batch("ROLLBACK").unwrap();
     drop(holder);
     let agents = w.json(&["agent", "list"]);
     assert_eq!(
@@ -278,9 +276,16 @@ fn init_is_idempotent_and_private() {
     {
         use std::os::unix::fs::PermissionsExt;
         let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode(&w.db), 0o600);
-        assert_eq!(mode(w.db.parent().unwrap()), 0o700);
         let token = handoffs::store::token_path(&w.db);
+        // On PostgreSQL there is no database file: this machine's token lives in its state
+        // folder, private as the database file's folder is.
+        let file = if common::is_postgres(&w.db) {
+            token.clone()
+        } else {
+            w.db.clone()
+        };
+        assert_eq!(mode(&file), 0o600);
+        assert_eq!(mode(file.parent().unwrap()), 0o700);
         assert_eq!(mode(&token), 0o600);
         assert_eq!(std::fs::read_to_string(&token).unwrap().len(), 64);
     }
@@ -685,22 +690,19 @@ fn a_damaged_delivery_record_is_named_and_never_acted_on() {
     let bad = sent["message"]["id"].as_str().unwrap().to_owned();
     let sent = w.json(&["send", "a", "c", "two"]);
     let good = sent["message"]["id"].as_str().unwrap().to_owned();
-    let conn = rusqlite::Connection::open(&w.db).unwrap();
-    let record: String = conn
-        .query_row(
-            "SELECT record FROM deliveries WHERE message_id = ?1",
-            [&bad],
-            |r| r.get(0),
-        )
-        .unwrap();
+    let q = |sql: String| common::sql_rows(&w.db, &sql);
+    let record = q(format!(
+        "SELECT record FROM deliveries WHERE message_id = {}",
+        common::sql_text(&bad)
+    ))
+    .remove(0);
     let mut record: serde_json::Value = serde_json::from_str(&record).unwrap();
     record["core"]["earlier_request_ids"] = serde_json::json!(["x"]);
-    conn.execute(
-        "UPDATE deliveries SET record = ?1 WHERE message_id = ?2",
-        rusqlite::params![record.to_string(), bad],
-    )
-    .unwrap();
-    drop(conn);
+    q(format!(
+        "UPDATE deliveries SET record = {} WHERE message_id = {}",
+        common::sql_text(&record.to_string()),
+        common::sql_text(&bad)
+    ));
     assert_fails(
         &w,
         &["status", &bad],

@@ -284,6 +284,17 @@ struct Codex {
 }
 
 impl Codex {
+    /// The engine's folder of run files: beside a SQLite database; for PostgreSQL, in the
+    /// state folder of the engine's `HOME` (this test gives it the world's folder).
+    fn runs_dir(&self) -> std::path::PathBuf {
+        let dir = handoffs::adapter::command::runs_dir(&self.w.db);
+        if !common::is_postgres(&self.w.db) {
+            return dir;
+        }
+        let name = dir.file_name().expect("a runs folder").to_owned();
+        self.w.dir.path().join(".local/state/handoffs").join(name)
+    }
+
     /// Waits until a process holds the thread's writer lock: Codex may take it a moment
     /// after it answers `thread/resume`, and an engine that looks before then rightly finds
     /// the thread free.
@@ -551,9 +562,7 @@ fn a_model_that_never_answers_is_interrupted_at_the_timeout_and_resent_within_bo
         let Some(run) = run.as_ref() else {
             panic!(
                 "{r} has no run row; what its supervisor said: {:?}\n{}",
-                std::fs::read_to_string(
-                    handoffs::adapter::command::runs_dir(&c.w.db).join(format!("{r}.sup.log"))
-                ),
+                std::fs::read_to_string(c.runs_dir().join(format!("{r}.sup.log"))),
                 c.w.ok(&["status", &id])
             );
         };
@@ -990,10 +999,8 @@ fn approvals_set_on_the_agent_are_answered_through_the_daemon() {
             runs[0].1.as_ref().unwrap().outcome.as_deref(),
             Some("returned")
         );
-        let log = std::fs::read_to_string(
-            handoffs::adapter::command::runs_dir(&c.w.db).join(format!("{}.log", runs[0].0)),
-        )
-        .unwrap_or_default();
+        let log = std::fs::read_to_string(c.runs_dir().join(format!("{}.log", runs[0].0)))
+            .unwrap_or_default();
         assert!(
             log.contains("item/commandExecution/requestApproval"),
             "Codex asked for no approval: {log}"

@@ -88,6 +88,9 @@ fn a_new_command_is_a_new_destination() {
 
 #[test]
 fn an_upgraded_database_freezes_the_route_its_queued_deliveries_were_sent_for() {
+    if common::sqlite_file_case("a SQLite database of schema 2 migrated") {
+        return;
+    }
     let w = World::new();
     w.ok(&["agent", "add", "alice", "--provider", "demo"]);
     let log_a = w.dir.path().join("a.log");

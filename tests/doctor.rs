@@ -115,10 +115,12 @@ fn doctor_finds_the_binary_the_thread_and_the_session() {
         "is 2.1.197 (Claude Code)",
         "session sess-1 found",
         "integrity ok",
-        "h.sqlite3 is private (600)",
-        "h.sqlite3.token is private (600)",
+        ".token is private (600)",
     ] {
         assert!(stdout.contains(expected), "{expected:?} in:\n{stdout}");
+    }
+    if !common::is_postgres(&w.db) {
+        assert!(stdout.contains("h.sqlite3 is private (600)"), "{stdout}");
     }
     assert!(!stdout.contains("PROBLEM"), "{stdout}");
     assert!(
@@ -139,7 +141,13 @@ fn doctor_is_content_with_a_healthy_world_and_names_a_readable_database() {
         findings.as_array().unwrap().iter().all(|f| f["ok"] == true),
         "{findings}"
     );
-    std::fs::set_permissions(&w.db, std::fs::Permissions::from_mode(0o644)).unwrap();
+    // The file whose mode is checked: the database's, or on PostgreSQL this machine's token.
+    let file = if common::is_postgres(&w.db) {
+        handoffs::store::token_path(&w.db)
+    } else {
+        w.db.clone()
+    };
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
     let out = w.run(&["doctor"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(

@@ -199,6 +199,9 @@ fn port_of(url: &str) -> u16 {
 /// HTTP mode: each POST's bytes leave only after the reservation's commit is on disk.
 #[test]
 fn every_http_write_follows_the_sync_of_its_reservation() {
+    if common::sqlite_file_case("the order of SQLite's WAL syncs and the effects") {
+        return;
+    }
     let Some(strace) = strace() else { return };
     let w = World::new();
     let url = common::http_recipient(w.log.clone(), None);
@@ -230,6 +233,9 @@ fn every_http_write_follows_the_sync_of_its_reservation() {
 /// commit (and the supervisor's record of the run) is on disk.
 #[test]
 fn every_argv_run_starts_after_the_sync_of_its_reservation() {
+    if common::sqlite_file_case("the order of SQLite's WAL syncs and the effects") {
+        return;
+    }
     let Some(strace) = strace() else { return };
     let w = World::new();
     let script = w.script("recipient.sh", 0, 0);

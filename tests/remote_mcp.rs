@@ -570,7 +570,7 @@ async fn serve_answers_over_tls_with_the_certificate_it_was_given() {
     let w = world();
     let ta = token(&w, &["alice"]);
     let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("cert");
-    let dir = w.db.parent().expect("folder").to_owned();
+    let dir = w.dir.path().to_owned();
     let (cert_file, key_file) = (dir.join("cert.pem"), dir.join("key.pem"));
     std::fs::write(&cert_file, cert.cert.pem()).expect("write cert");
     std::fs::write(&key_file, cert.signing_key.serialize_pem()).expect("write key");

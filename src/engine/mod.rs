@@ -18,7 +18,7 @@ use crate::adapter::outage;
 
 use crate::adapter::{Adapters, Write};
 use crate::service::{self, Service, ServiceError, StepReads, card};
-use crate::store::{AgentRow, QUEUE_HEADS, millis, sibling};
+use crate::store::{AgentRow, QUEUE_HEADS, millis};
 use futures_util::StreamExt;
 use futures_util::future::LocalBoxFuture;
 use futures_util::stream::FuturesUnordered;
@@ -28,7 +28,6 @@ use serde::Serialize;
 use serde_json::Value;
 use std::cell::{RefCell, RefMut};
 use std::collections::{HashSet, VecDeque};
-use std::fs::File;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -236,7 +235,6 @@ pub struct Engine {
     /// changes it), and when the next reminder falls due.
     housekeeping_seen: i64,
     next_reminder: Option<Millis>,
-    _lock: Option<File>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -259,26 +257,10 @@ pub enum EngineError {
 impl Engine {
     /// Takes the engine lock of the database; `Err(Busy)` when another engine holds it.
     pub fn new(mut service: Service, one_shot: bool) -> Result<Engine, EngineError> {
-        let path = sibling(service.db_path(), ".engine");
-        let mut options = File::options();
-        options.create(true).truncate(false).write(true);
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::OpenOptionsExt;
-            options.mode(0o600);
-        }
-        let file = options
-            .open(&path)
-            .map_err(|e| EngineError::Io(format!("cannot open {}: {e}", path.display())))?;
-        match file.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => return Err(EngineError::Busy),
-            Err(std::fs::TryLockError::Error(e)) => {
-                return Err(EngineError::Io(format!(
-                    "cannot lock {}: {e}",
-                    path.display()
-                )));
-            }
+        match service.take_engine_lock() {
+            Ok(true) => {}
+            Ok(false) => return Err(EngineError::Busy),
+            Err(e) => return Err(EngineError::Io(e.to_string())),
         }
         // The engine commits lazily and syncs before each effect instead (group commit).
         service
@@ -299,7 +281,6 @@ impl Engine {
             last_report: None,
             housekeeping_seen: 0,
             next_reminder: None,
-            _lock: Some(file),
         })
     }
 
@@ -1099,7 +1080,10 @@ impl Engine {
         let mut report = self.new_report();
         let mut window = Instant::now();
         let db = self.service.borrow().db_path().to_owned();
-        let mut changes = if self.files {
+        // A PostgreSQL database has no file to watch or to lose: a listening session counts
+        // the commits of the others (`data_version`), which the engine polls.
+        let file = !self.service.borrow().is_postgres();
+        let mut changes = if self.files && file {
             service::Changes::watch(&db)
         } else {
             None
@@ -1115,7 +1099,7 @@ impl Engine {
                 let _ = self.stop(jobs).await;
                 return Err(e);
             }
-            if !db.exists() {
+            if file && !db.exists() {
                 return Err(format!(
                     "the database {} is gone; the engine stops",
                     db.display()

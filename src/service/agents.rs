@@ -183,10 +183,11 @@ impl Service {
             .store
             .read(|tx: &crate::store::Tx<'_>| tx.quick_check())
             .unwrap_or_else(|e: crate::store::StoreError| e.to_string());
+        let shown = crate::store::shown(&path);
         out.push(if check == "ok" {
-            db(true, format!("database {}: integrity ok", path.display()))
+            db(true, format!("database {shown}: integrity ok"))
         } else {
-            db(false, format!("database {}: {check}", path.display()))
+            db(false, format!("database {shown}: {check}"))
         });
         // Remote MCP tokens: one that has expired locks its agent out of /mcp.
         for agent in &agents {
@@ -208,7 +209,9 @@ impl Service {
             }
         }
         let token = crate::store::token_path(&path);
-        for file in [path.clone(), token] {
+        // A PostgreSQL database has no file here: only this machine's token file.
+        let file = (!self.store.is_postgres()).then(|| path.clone());
+        for file in file.into_iter().chain([token]) {
             match crate::store::mode_of(&file) {
                 Some(mode) if mode.trailing_zeros() >= 6 => {
                     out.push(db(

@@ -12,8 +12,10 @@ use tokio::sync::watch;
 /// database's files (the database, its WAL, its shared-memory index).
 pub struct Changes {
     rx: watch::Receiver<u64>,
-    tx: watch::Sender<u64>,
-    watcher: notify::RecommendedWatcher,
+    tx: std::sync::Arc<watch::Sender<u64>>,
+    /// The file watch; `None` on PostgreSQL, where a listening session counts instead
+    /// (`store::pg::listen`, alive while `tx` is).
+    watcher: Option<notify::RecommendedWatcher>,
     folder: std::path::PathBuf,
     paused: bool,
 }
@@ -30,6 +32,21 @@ impl Changes {
     pub fn watch(db: &Path) -> Option<Changes> {
         use notify::Watcher as _;
         let (tx, rx) = watch::channel(0u64);
+        let tx = std::sync::Arc::new(tx);
+        if crate::store::pg::is_url(db) {
+            crate::store::pg::listen(
+                &db.to_string_lossy(),
+                std::sync::Arc::downgrade(&tx),
+                |tx, _| tx.send_modify(|n| *n = n.wrapping_add(1)),
+            );
+            return Some(Changes {
+                rx,
+                tx,
+                watcher: None,
+                folder: std::path::PathBuf::new(),
+                paused: false,
+            });
+        }
         let name = db.file_name()?.to_string_lossy().into_owned();
         let folder = match db.parent() {
             Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
@@ -57,7 +74,7 @@ impl Changes {
         Some(Changes {
             rx,
             tx,
-            watcher,
+            watcher: Some(watcher),
             folder,
             paused: false,
         })
@@ -67,9 +84,11 @@ impl Changes {
     /// an event each, polls instead): the kernel drops the watch. Idempotent.
     pub fn pause(&mut self) {
         use notify::Watcher as _;
-        if !self.paused {
+        if !self.paused
+            && let Some(w) = self.watcher.as_mut()
+        {
             self.paused = true;
-            let _ = self.watcher.unwatch(&self.folder);
+            let _ = w.unwatch(&self.folder);
         }
     }
 
@@ -82,10 +101,9 @@ impl Changes {
             return true;
         }
         self.paused = false;
-        if self
-            .watcher
-            .watch(&self.folder, notify::RecursiveMode::NonRecursive)
-            .is_err()
+        if let Some(w) = self.watcher.as_mut()
+            && w.watch(&self.folder, notify::RecursiveMode::NonRecursive)
+                .is_err()
         {
             return false;
         }

@@ -25,7 +25,7 @@ pub mod work;
 
 pub use crate::store::{
     AgentRow, ChainRow, DeadLetterRow, DeliveryRow, EventRow, FanoutRow, IdTable, MessageRow,
-    StoreError, TraceRow, WorkRow, token_path,
+    StoreError, TraceRow, WorkRow, shown, token_path,
 };
 pub use agents::AgentAdded;
 pub use chains::{ChainView, Lineage};

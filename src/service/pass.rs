@@ -95,6 +95,17 @@ impl Service {
         self.store.commit_lazily()
     }
 
+    /// Whether the database is PostgreSQL (no file beside which to keep or watch anything).
+    pub fn is_postgres(&self) -> bool {
+        self.store.is_postgres()
+    }
+
+    /// Takes the engine lock of the database ([`Store::take_engine_lock`]): `false` when
+    /// another engine holds it.
+    pub fn take_engine_lock(&mut self) -> std::result::Result<bool, StoreError> {
+        self.store.take_engine_lock()
+    }
+
     /// Batches this service's write steps into one open transaction (`on`), or commits what
     /// is batched and stops (`off`): the engine, while it runs ([`Store::batch_steps`]).
     pub fn batch_steps(&mut self, on: bool) -> std::result::Result<(), StoreError> {

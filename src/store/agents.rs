@@ -56,7 +56,7 @@ pub(super) fn route_of(settings: &Value) -> std::collections::BTreeMap<String, S
         .collect()
 }
 
-pub(super) fn agent_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<AgentRow> {
+pub(super) fn agent_from(r: &super::sql::Row<'_, '_>) -> rusqlite::Result<AgentRow> {
     let settings: String = r.get(5)?;
     Ok(AgentRow {
         id: r.get(0)?,

@@ -67,11 +67,11 @@ fn units_from_json(text: &str) -> Result<model::chain::Budget, String> {
     Ok(b)
 }
 
-fn chain_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<ChainRow> {
+fn chain_from(r: &super::sql::Row<'_, '_>) -> rusqlite::Result<ChainRow> {
     Ok(ChainRow {
         id: r.get(0)?,
         origin: r.get(1)?,
-        state: r.get_ref(2)?.as_str()?.parse().map_err(|e: String| {
+        state: r.get::<String>(2)?.parse().map_err(|e: String| {
             rusqlite::Error::FromSqlConversionFailure(2, rusqlite::types::Type::Text, e.into())
         })?,
         hop_budget: r.get(3)?,
@@ -80,7 +80,7 @@ fn chain_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<ChainRow> {
         stopped_reason: r.get(6)?,
         created_at: r.get(7)?,
         updated_at: r.get(8)?,
-        units: units_from_json(r.get_ref(9)?.as_str()?).map_err(|e| {
+        units: units_from_json(&r.get::<String>(9)?).map_err(|e| {
             rusqlite::Error::FromSqlConversionFailure(9, rusqlite::types::Type::Text, e.into())
         })?,
     })
@@ -209,11 +209,7 @@ impl Tx<'_> {
              GROUP BY message_id, unit",
         )?;
         let rows = st.query_map([id], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, i64>(2)?,
-            ))
+            Ok((r.get::<String>(0)?, r.get::<String>(1)?, r.get::<i64>(2)?))
         })?;
         let mut out: std::collections::BTreeMap<_, std::collections::BTreeMap<_, _>> =
             std::collections::BTreeMap::new();
@@ -250,15 +246,22 @@ impl Tx<'_> {
     /// (its program and everything it starts have `HANDOFFS_REQUEST_ID`), or the write an
     /// HTTP recipient received (its body's `request_id`, the delivery's current one).
     pub fn message_of_turn(&self, agent: &str, request_id: &str) -> Result<Option<String>> {
+        let sql = if self.tx.is_pg() {
+            "SELECT message_id FROM runs WHERE request_id = ?1 AND agent = ?2
+             UNION ALL
+             SELECT message_id FROM deliveries
+             WHERE recipient = ?2 AND CAST(record AS jsonb) #>> '{core,request_id}' = ?1
+             LIMIT 1"
+        } else {
+            "SELECT message_id FROM runs WHERE request_id = ?1 AND agent = ?2
+             UNION ALL
+             SELECT message_id FROM deliveries
+             WHERE recipient = ?2 AND json_extract(record, '$.core.request_id') = ?1
+             LIMIT 1"
+        };
         Ok(self
             .tx
-            .prepare_cached(
-                "SELECT message_id FROM runs WHERE request_id = ?1 AND agent = ?2
-                 UNION ALL
-                 SELECT message_id FROM deliveries
-                 WHERE recipient = ?2 AND json_extract(record, '$.core.request_id') = ?1
-                 LIMIT 1",
-            )?
+            .prepare_cached(sql)?
             .query_row(params![request_id, agent], |r| r.get(0))
             .optional()?)
     }

@@ -29,7 +29,7 @@ pub struct DeadLetterRow {
 const DEAD_COLS: &str = "id, message_id, sender, recipient, body, title, reason, detail, chain_id, \
      parent_id, created_at, replayed_as, replayed_at, dropped_at";
 
-fn dead_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<DeadLetterRow> {
+fn dead_from(r: &super::sql::Row<'_, '_>) -> rusqlite::Result<DeadLetterRow> {
     Ok(DeadLetterRow {
         id: r.get(0)?,
         message_id: r.get(1)?,
@@ -61,8 +61,9 @@ impl Tx<'_> {
         }
         self.exec(
             &format!(
-                "INSERT OR IGNORE INTO dead_letters ({DEAD_COLS})
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"
+                "INSERT INTO dead_letters ({DEAD_COLS})
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)
+                 ON CONFLICT DO NOTHING"
             ),
             params![
                 d.id,
@@ -97,7 +98,7 @@ impl Tx<'_> {
             .tx
             .prepare_cached(
                 "SELECT EXISTS (SELECT 1 FROM dead_letters WHERE message_id IS NULL
-                   AND sender = ?1 AND recipient = ?2 AND body = ?3 AND chain_id IS ?4
+                   AND sender = ?1 AND recipient = ?2 AND body = ?3 AND chain_id IS NOT DISTINCT FROM ?4
                    AND replayed_as IS NULL AND dropped_at IS NULL)",
             )?
             .query_row(params![sender, recipient, body, chain], |r| r.get(0))?)
@@ -126,10 +127,9 @@ impl Tx<'_> {
     /// Dead letters with `id` as their id's prefix (at most 2).
     pub fn dead_letter_ids(&self, prefix: &str) -> Result<Vec<String>> {
         let mut st = self.tx.prepare_cached(
-            "SELECT id FROM dead_letters WHERE id >= ?1 AND id < ?1 || char(0x10FFFF)
-             ORDER BY id LIMIT 2",
+            "SELECT id FROM dead_letters WHERE id >= ?1 AND id < ?2 ORDER BY id LIMIT 2",
         )?;
-        let rows = st.query_map([prefix], |r| r.get(0))?;
+        let rows = st.query_map([prefix, &format!("{prefix}\u{10FFFF}")], |r| r.get(0))?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 

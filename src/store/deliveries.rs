@@ -116,9 +116,9 @@ pub(super) const NEXT_DUE_SQL: &str = concat!(
                            AND d.state IN ",
     queued!(),
     "
-                         ORDER BY d.seq LIMIT ?1))
+                         ORDER BY d.seq LIMIT ?1) AS head)
                FROM pending r WHERE r.recipient IS NOT NULL
-             )"
+             ) AS due"
 );
 
 impl Tx<'_> {
@@ -268,9 +268,9 @@ impl Tx<'_> {
         ))?;
         for row in heads.query_map(params![recipient, per_recipient], |row| {
             Ok((
-                row.get::<_, String>(0)?,
-                row.get::<_, i64>(1)?,
-                row.get::<_, Option<i64>>(2)?,
+                row.get::<String>(0)?,
+                row.get::<i64>(1)?,
+                row.get::<Option<i64>>(2)?,
             ))
         })? {
             let (id, seq, due) = row?;
@@ -311,9 +311,9 @@ impl Tx<'_> {
         for r in recipients {
             for row in heads.query_map(params![r, per_recipient], |row| {
                 Ok((
-                    row.get::<_, String>(0)?,
-                    row.get::<_, i64>(1)?,
-                    row.get::<_, Option<i64>>(2)?,
+                    row.get::<String>(0)?,
+                    row.get::<i64>(1)?,
+                    row.get::<Option<i64>>(2)?,
                 ))
             })? {
                 let (id, seq, due) = row?;
@@ -345,11 +345,11 @@ impl Tx<'_> {
         )?;
         let rows = st.query_map([recipient], |r| {
             Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, String>(2)?,
-                r.get::<_, Option<i64>>(3)?,
-                r.get::<_, i64>(4)?,
+                r.get::<String>(0)?,
+                r.get::<String>(1)?,
+                r.get::<String>(2)?,
+                r.get::<Option<i64>>(3)?,
+                r.get::<i64>(4)?,
             ))
         })?;
         let mut out = Vec::new();
@@ -392,12 +392,12 @@ impl Tx<'_> {
         for state in states {
             let rows = st.query_map(params![state.as_str(), limit], |r| {
                 Ok((
-                    r.get::<_, i64>(4)?,
-                    r.get::<_, i64>(5)?,
-                    r.get::<_, String>(0)?,
-                    r.get::<_, String>(1)?,
-                    r.get::<_, String>(2)?,
-                    r.get::<_, Option<i64>>(3)?,
+                    r.get::<i64>(4)?,
+                    r.get::<i64>(5)?,
+                    r.get::<String>(0)?,
+                    r.get::<String>(1)?,
+                    r.get::<String>(2)?,
+                    r.get::<Option<i64>>(3)?,
                 ))
             })?;
             for row in rows {

@@ -12,7 +12,7 @@ pub struct EventRow {
     pub detail: String,
 }
 
-pub(super) fn event_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<EventRow> {
+pub(super) fn event_from(r: &super::sql::Row<'_, '_>) -> rusqlite::Result<EventRow> {
     Ok(EventRow {
         seq: r.get(0)?,
         at: r.get(1)?,
@@ -84,7 +84,7 @@ impl Tx<'_> {
                     m.intent, substr(m.body, 1, 80)
              FROM events e LEFT JOIN messages m ON m.id = e.message_id
              WHERE e.seq > ?1 AND e.at >= ?2
-               AND (?3 IS NULL OR coalesce(m.chain_id, m.id) = ?3)
+               AND (CAST(?3 AS TEXT) IS NULL OR coalesce(m.chain_id, m.id) = ?3)
              ORDER BY e.seq LIMIT ?4",
         )?;
         let rows = st.query_map(params![after_seq, since, chain, limit], |r| {

@@ -76,7 +76,7 @@ const FANOUT_COLS: &str = "id, sender, title, children, quorum, join_rule, deadl
                            cancel_rest, state, combined_id, idem_key, created_at, joined_at";
 const CHILD_COLS: &str = "fanout_id, message_id, recipient, position, answered_at, late";
 
-fn fanout_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<FanoutRow> {
+fn fanout_from(r: &super::sql::Row<'_, '_>) -> rusqlite::Result<FanoutRow> {
     Ok(FanoutRow {
         id: r.get(0)?,
         sender: r.get(1)?,
@@ -94,7 +94,7 @@ fn fanout_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<FanoutRow> {
     })
 }
 
-fn child_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<FanoutChildRow> {
+fn child_from(r: &super::sql::Row<'_, '_>) -> rusqlite::Result<FanoutChildRow> {
     Ok(FanoutChildRow {
         fanout_id: r.get(0)?,
         message_id: r.get(1)?,
@@ -264,7 +264,8 @@ impl Tx<'_> {
         Ok(self
             .tx
             .prepare_cached(
-                "SELECT coalesce(sum(state = 'complete'), 0), coalesce(sum(state = 'partial'), 0)
+                "SELECT coalesce(sum(CASE WHEN state = 'complete' THEN 1 ELSE 0 END), 0),
+                        coalesce(sum(CASE WHEN state = 'partial' THEN 1 ELSE 0 END), 0)
                  FROM fanouts",
             )?
             .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))?)

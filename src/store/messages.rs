@@ -27,7 +27,7 @@ pub struct MessageRow {
     pub hop: i64,
 }
 
-pub(super) fn message_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<MessageRow> {
+pub(super) fn message_from(r: &super::sql::Row<'_, '_>) -> rusqlite::Result<MessageRow> {
     Ok(MessageRow {
         id: r.get(0)?,
         sender: r.get(1)?,
@@ -41,7 +41,7 @@ pub(super) fn message_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<MessageRow
         idem_key: r.get(9)?,
         created_at: r.get(10)?,
         read_at: r.get(11)?,
-        chain_id: r.get::<_, Option<String>>(12)?.unwrap_or_default(),
+        chain_id: r.get::<Option<String>>(12)?.unwrap_or_default(),
         parent_id: r.get(13)?,
         hop: r.get(14)?,
     })

@@ -24,7 +24,10 @@ mod events;
 mod fanouts;
 mod messages;
 mod migrations;
+pub mod pg;
+mod pg_schema;
 mod runs;
+pub mod sql;
 mod tokens;
 mod topics;
 mod work;
@@ -48,8 +51,9 @@ use model::{Delivery, Millis, StateKind};
 
 /// Open work in SQL: the states of [`WorkState::OPEN`] (a test keeps the two in step).
 const OPEN_WORK: &str = "state IN ('assigned', 'accepted')";
-use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 use serde_json::Value;
+use sql::{Conn, params};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -90,6 +94,12 @@ pub enum StoreError {
 impl From<rusqlite::Error> for StoreError {
     fn from(e: rusqlite::Error) -> Self {
         use rusqlite::ErrorCode;
+        if let rusqlite::Error::ToSqlConversionFailure(inner) = e {
+            return match inner.downcast::<pg::PgFailure>() {
+                Ok(pg) => pg.into_store_error(),
+                Err(other) => StoreError::Sqlite(other.to_string()),
+            };
+        }
         match e.sqlite_error_code() {
             Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => StoreError::Locked,
             Some(ErrorCode::ReadOnly) => StoreError::ReadOnly(e.to_string()),
@@ -110,7 +120,9 @@ pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 /// An open database.
 #[derive(Debug)]
 pub struct Store {
-    conn: Connection,
+    db: Db,
+    /// The database's path, or its `postgres://` URL: what another process is handed to
+    /// open the same database.
     path: PathBuf,
     /// Commits are not synced as they are made ([`Store::commit_lazily`]).
     lazy: bool,
@@ -125,6 +137,20 @@ pub struct Store {
     commits: u64,
     /// The engine's steps share one open write transaction ([`Store::batch_steps`]).
     batch: Batch,
+    /// The engine lock, once taken ([`Store::take_engine_lock`]): a locked file beside a
+    /// SQLite database; PostgreSQL's is a session advisory lock.
+    engine_lock: Option<std::fs::File>,
+}
+
+/// The connection underneath.
+#[derive(Debug)]
+enum Db {
+    Lite(Connection),
+    Pg {
+        session: pg::PgSession,
+        /// A transaction is open on the session.
+        open: std::cell::Cell<bool>,
+    },
 }
 
 /// Steps batched into one write transaction: each step is a savepoint in it, and the whole
@@ -143,16 +169,58 @@ struct Batch {
 
 /// The token file beside a database: `<db>.token`.
 pub fn token_path(db: &Path) -> PathBuf {
-    let mut p = db.as_os_str().to_owned();
-    p.push(".token");
+    sibling(db, ".token")
+}
+
+/// A sibling path of the database: `<db><suffix>`. A PostgreSQL database has no file to
+/// stand beside: its siblings (this machine's page token, command outputs) live under
+/// [`local_anchor`].
+pub fn sibling(db: &Path, suffix: &str) -> PathBuf {
+    let mut p = local_anchor(db).into_os_string();
+    p.push(suffix);
     PathBuf::from(p)
 }
 
-/// A sibling path of the database: `<db><suffix>`.
-pub fn sibling(db: &Path, suffix: &str) -> PathBuf {
-    let mut p = db.as_os_str().to_owned();
-    p.push(suffix);
-    PathBuf::from(p)
+/// The database as messages name it: its path, or its URL without the password.
+pub fn shown(db: &Path) -> String {
+    if pg::is_url(db) {
+        pg::redacted(&db.to_string_lossy())
+    } else {
+        db.display().to_string()
+    }
+}
+
+/// Where the files of this machine that belong to database `db` live: beside the SQLite
+/// file itself; for a `postgres://` URL, a name made from the URL (without its password)
+/// in this user's state folder (`$HANDOFFS_STATE_DIR`, else `$XDG_STATE_HOME/handoffs`, else
+/// `~/.local/state/handoffs`), so every process of this user on this machine finds the same.
+pub fn local_anchor(db: &Path) -> PathBuf {
+    if !pg::is_url(db) {
+        return db.to_owned();
+    }
+    let url = pg::redacted(&db.to_string_lossy());
+    let dir = std::env::var_os("HANDOFFS_STATE_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("XDG_STATE_HOME").map(|d| PathBuf::from(d).join("handoffs")))
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state/handoffs"))
+        })
+        .unwrap_or_else(|| std::env::temp_dir().join("handoffs"));
+    let readable: String = url
+        .trim_start_matches("postgresql://")
+        .trim_start_matches("postgres://")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(48)
+        .collect();
+    let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(url.as_bytes()));
+    dir.join(format!("pg-{readable}-{}", &digest[..12]))
 }
 
 /// A file's permission bits, if it exists.
@@ -237,6 +305,18 @@ impl Store {
     /// Creates the database (and its folder, 0700) if missing, migrates it, and writes the
     /// token file (0600) if missing. Idempotent. Returns whether anything was created.
     pub fn init(path: &Path) -> Result<(Store, bool)> {
+        if pg::is_url(path) {
+            let (store, created) = Store::open_pg(path, true)?;
+            let token = token_path(path);
+            if let Some(dir) = token.parent() {
+                // This user's state folder of handoffs: private, however it came to be.
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| StoreError::Io(format!("cannot create {}: {e}", dir.display())))?;
+                set_mode(dir, 0o700).map_err(|e| StoreError::Io(e.to_string()))?;
+            }
+            let token_created = ensure_token(&token)?;
+            return Ok((store, created || token_created));
+        }
         let existed = path.exists();
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
             && !dir.exists()
@@ -258,36 +338,15 @@ impl Store {
                 .map_err(|e| StoreError::Io(format!("cannot create {}: {e}", path.display())))?;
         }
         let store = Store::open_inner(path, !existed)?;
-        let token = token_path(path);
-        let mut created_token = false;
-        // An empty or truncated token file would let anyone send through the page: replace it.
-        if std::fs::read_to_string(&token).is_ok_and(|t| t.trim().len() < 16) {
-            std::fs::remove_file(&token)
-                .map_err(|e| StoreError::Io(format!("cannot replace {}: {e}", token.display())))?;
-        }
-        if !token.exists() {
-            let value = format!(
-                "{}{}",
-                uuid::Uuid::new_v4().simple(),
-                uuid::Uuid::new_v4().simple()
-            );
-            let mut opts = std::fs::OpenOptions::new();
-            opts.write(true).create_new(true);
-            #[cfg(unix)]
-            {
-                use std::os::unix::fs::OpenOptionsExt;
-                opts.mode(0o600);
-            }
-            opts.open(&token)
-                .and_then(|mut f| f.write_all(value.as_bytes()))
-                .map_err(|e| StoreError::Io(format!("cannot write {}: {e}", token.display())))?;
-            created_token = true;
-        }
+        let created_token = ensure_token(&token_path(path))?;
         Ok((store, !existed || created_token))
     }
 
     /// Opens an existing database; a missing file says how to create one.
     pub fn open(path: &Path) -> Result<Store> {
+        if pg::is_url(path) {
+            return Store::open_pg(path, false).map(|(store, _)| store);
+        }
         if !path.exists() {
             return Err(StoreError::Missing(path.to_owned()));
         }
@@ -329,18 +388,11 @@ impl Store {
         // Absolute, so every process it is handed to (supervisors, commands running in another
         // folder through HANDOFFS_DB) finds the same database.
         let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
-        let mut store = Store {
-            conn,
-            path,
-            lazy: false,
-            synced_changes: std::sync::Arc::default(),
-            commits: 0,
-            wal: None,
-            batch: Batch::default(),
-        };
+        let mut conn = conn;
         if version < migrations::LATEST {
-            store.migrate(version)?;
+            migrate(&mut conn, version)?;
         }
+        let store = Store::with_db(Db::Lite(conn), path);
         for suffix in ["-wal", "-shm"] {
             let p = sibling(&store.path, suffix);
             if p.exists() {
@@ -350,51 +402,15 @@ impl Store {
         Ok(store)
     }
 
-    fn migrate(&mut self, from: i64) -> Result<()> {
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)?;
-        // Another process may have migrated while we waited for the lock.
-        let now: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-        for (i, sql) in migrations::STEPS.iter().enumerate() {
-            let target = i64::try_from(i).unwrap_or(i64::MAX) + 1;
-            if target > now.max(from) {
-                tx.execute_batch(sql)?;
-                if target == 3 {
-                    fill_routes(&tx)?;
-                }
-                if target == 5 {
-                    migrate_5(&tx)?;
-                }
-                if target == 7 {
-                    migrate_7(&tx)?;
-                }
-                if target == 8 {
-                    migrate_8(&tx)?;
-                }
-                if target == 9 {
-                    migrate_9(&tx)?;
-                }
-                if target == 11 {
-                    migrate_11(&tx)?;
-                }
-            }
-        }
-        tx.execute_batch(&format!(
-            "PRAGMA user_version = {}; PRAGMA application_id = {APPLICATION_ID};",
-            migrations::LATEST
-        ))?;
-        tx.commit()?;
-        Ok(())
-    }
-
     pub fn path(&self) -> &Path {
         &self.path
     }
 
-    /// Runs `f` in one short `BEGIN IMMEDIATE` transaction: all of it is committed, or none.
-    /// While steps are batched ([`Store::batch_steps`]) it is a savepoint of the open batch
-    /// instead: all of it or none of it joins the batch, committed by [`Store::flush`].
+    /// Runs `f` in one short write transaction (SQLite's `BEGIN IMMEDIATE`; PostgreSQL's
+    /// writers queue on one advisory lock, as SQLite's do on its file): all of it is
+    /// committed, or none. While steps are batched ([`Store::batch_steps`]) it is a savepoint
+    /// of the open batch instead: all of it or none of it joins the batch, committed by
+    /// [`Store::flush`].
     pub fn write<T, E>(&mut self, f: impl FnOnce(&Tx<'_>) -> Result<T, E>) -> Result<T, E>
     where
         E: From<StoreError>,
@@ -402,7 +418,7 @@ impl Store {
         if self.batch.on {
             return self.step_in_batch(f);
         }
-        self.transaction(WRITE_BEGIN, f)
+        self.transaction(true, f)
     }
 
     /// [`Store::write`], committed at once even while steps are batched: what another
@@ -413,7 +429,7 @@ impl Store {
         E: From<StoreError>,
     {
         self.flush()?;
-        self.transaction(WRITE_BEGIN, f)
+        self.transaction(true, f)
     }
 
     /// Runs `f` in a read transaction (a consistent snapshot); inside the open batch while
@@ -424,9 +440,74 @@ impl Store {
     {
         if self.batch.open {
             self.check_batch()?;
-            return f(&Tx { tx: &self.conn });
+            if !self.is_postgres() {
+                return f(&Tx { tx: self.conn() });
+            }
+            // On PostgreSQL any failed statement aborts the whole transaction: a read
+            // inside the batch is a savepoint of its own, so a failed one leaves it whole.
+            return self.savepoint(f);
         }
-        self.transaction("BEGIN DEFERRED", f)
+        self.transaction(false, f)
+    }
+
+    /// The connection, for a [`Tx`].
+    fn conn(&self) -> Conn<'_> {
+        match &self.db {
+            Db::Lite(c) => Conn::Lite(c),
+            Db::Pg { session, .. } => Conn::Pg(session),
+        }
+    }
+
+    /// Whether a transaction is open on the connection.
+    fn in_transaction(&self) -> bool {
+        match &self.db {
+            Db::Lite(c) => !c.is_autocommit(),
+            Db::Pg { open, .. } => open.get(),
+        }
+    }
+
+    /// One statement of transaction control, in each backend's spelling. SQLite's are
+    /// cached statements like every other (parsing them anew cost a tenth of a delivery).
+    fn control(&self, what: Control) -> Result<()> {
+        match &self.db {
+            Db::Lite(c) => {
+                let sql = match what {
+                    Control::BeginWrite => WRITE_BEGIN,
+                    Control::BeginRead => "BEGIN DEFERRED",
+                    Control::CommitWrite | Control::CommitRead => "COMMIT",
+                    Control::Rollback => return Ok(c.execute_batch("ROLLBACK")?),
+                    Control::Savepoint => "SAVEPOINT step",
+                    Control::Release => "RELEASE step",
+                    Control::Undo => return Ok(c.execute_batch("ROLLBACK TO step; RELEASE step")?),
+                };
+                c.prepare_cached(sql)?.execute([])?;
+                Ok(())
+            }
+            Db::Pg { session, open } => match what {
+                Control::BeginWrite | Control::BeginRead => {
+                    session.begin(if what == Control::BeginWrite {
+                        pg_schema::WRITE_BEGIN
+                    } else {
+                        "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+                    })?;
+                    open.set(true);
+                    Ok(())
+                }
+                Control::CommitWrite | Control::CommitRead | Control::Rollback => {
+                    open.set(false);
+                    session.batch(match what {
+                        Control::CommitWrite => pg_schema::WRITE_COMMIT,
+                        Control::CommitRead => "COMMIT",
+                        _ => "ROLLBACK",
+                    })
+                }
+                Control::Savepoint => session.batch("SAVEPOINT step"),
+                Control::Release => session.batch("RELEASE SAVEPOINT step"),
+                Control::Undo => {
+                    session.batch("ROLLBACK TO SAVEPOINT step; RELEASE SAVEPOINT step")
+                }
+            },
+        }
     }
 
     /// From now on (`on`) this connection's writes are steps of one open write transaction,
@@ -446,8 +527,8 @@ impl Store {
     /// Ends batching without committing: what is open is rolled back, as a crash would
     /// leave it (an engine dropped mid-run, or one that stops after a failed sync).
     pub fn abandon_batch(&mut self) {
-        if self.batch.open && !self.conn.is_autocommit() {
-            let _ = self.conn.execute_batch("ROLLBACK");
+        if self.batch.open && self.in_transaction() {
+            let _ = self.control(Control::Rollback);
         }
         self.batch.open = false;
         self.batch.on = false;
@@ -461,13 +542,9 @@ impl Store {
             return Ok(());
         }
         self.batch.open = false;
-        if let Err(e) = self
-            .conn
-            .prepare_cached("COMMIT")
-            .and_then(|mut s| s.execute([]))
-        {
-            if !self.conn.is_autocommit() {
-                let _ = self.conn.execute_batch("ROLLBACK");
+        if let Err(e) = self.control(Control::CommitWrite) {
+            if self.in_transaction() {
+                let _ = self.control(Control::Rollback);
             }
             return Err(self.lose_batch(&format!("its commit failed: {e}")));
         }
@@ -477,9 +554,9 @@ impl Store {
     /// Fails once a batch was lost, and notices a batch SQLite rolled back on its own (after
     /// an I/O error, a full disk).
     fn check_batch(&mut self) -> Result<()> {
-        if self.batch.open && self.conn.is_autocommit() {
+        if self.batch.open && !self.in_transaction() {
             self.batch.open = false;
-            return Err(self.lose_batch("SQLite rolled it back after an error"));
+            return Err(self.lose_batch("the database rolled it back after an error"));
         }
         match &self.batch.lost {
             Some(why) => Err(StoreError::Io(why.clone())),
@@ -501,90 +578,91 @@ impl Store {
     where
         E: From<StoreError>,
     {
+        self.check_batch()?;
+        if !self.batch.open {
+            if self.in_transaction() {
+                self.control(Control::Rollback).map_err(|e| {
+                    StoreError::Sqlite(format!("cannot end an open transaction: {e}"))
+                })?;
+            }
+            self.control(Control::BeginWrite)?;
+            self.batch.open = true;
+        }
+        let out = self.savepoint(f)?;
+        self.commits += 1;
+        Ok(out)
+    }
+
+    /// `f` in a savepoint of the open batch: released when `f` succeeds, rolled back when
+    /// it fails or panics.
+    fn savepoint<T, E>(&mut self, f: impl FnOnce(&Tx<'_>) -> Result<T, E>) -> Result<T, E>
+    where
+        E: From<StoreError>,
+    {
         /// Undoes the step unless it was released.
-        struct Step<'c>(&'c Connection, bool);
+        struct Step<'s>(&'s Store, bool);
         impl Drop for Step<'_> {
             fn drop(&mut self) {
                 // A savepoint that cannot be undone takes the whole batch with it (the
                 // next look at the batch reports it lost), never half a step.
-                if !self.1
-                    && self
-                        .0
-                        .execute_batch("ROLLBACK TO step; RELEASE step")
-                        .is_err()
-                {
-                    let _ = self.0.execute_batch("ROLLBACK");
+                if !self.1 && self.0.control(Control::Undo).is_err() {
+                    let _ = self.0.control(Control::Rollback);
                 }
             }
         }
-        let run = |conn: &Connection, sql: &str| -> Result<()> {
-            conn.prepare_cached(sql)?.execute([])?;
-            Ok(())
-        };
-        self.check_batch()?;
-        if !self.batch.open {
-            if !self.conn.is_autocommit() {
-                self.conn.execute_batch("ROLLBACK").map_err(|e| {
-                    StoreError::Sqlite(format!("cannot end an open transaction: {e}"))
-                })?;
-            }
-            run(&self.conn, WRITE_BEGIN)?;
-            self.batch.open = true;
-        }
-        let conn = &self.conn;
-        run(conn, "SAVEPOINT step")?;
-        let mut step = Step(conn, false);
-        let out = f(&Tx { tx: conn });
+        self.control(Control::Savepoint)?;
+        let mut step = Step(self, false);
+        let out = f(&Tx { tx: self.conn() });
         if out.is_ok() {
-            run(conn, "RELEASE step")?;
+            self.control(Control::Release)?;
             step.1 = true;
         }
         drop(step);
         // An error inside `f` may have made SQLite roll the whole batch back.
         self.check_batch()?;
-        let out = out?;
-        self.commits += 1;
-        Ok(out)
+        out
     }
 
-    /// `begin`, `f`, then `COMMIT`; anything else (an error, a failed commit, a panic) rolls
-    /// back. `BEGIN` and `COMMIT` are cached statements like every other (parsing them
-    /// anew cost a tenth of a delivery).
+    /// Begins, runs `f`, then commits; anything else (an error, a failed commit, a panic)
+    /// rolls back.
     fn transaction<T, E>(
         &mut self,
-        begin: &str,
+        write: bool,
         f: impl FnOnce(&Tx<'_>) -> Result<T, E>,
     ) -> Result<T, E>
     where
         E: From<StoreError>,
     {
         /// Rolls back unless the transaction was committed.
-        struct Open<'c>(&'c Connection, bool);
+        struct Open<'s>(&'s Store, bool);
         impl Drop for Open<'_> {
             fn drop(&mut self) {
                 if !self.1 {
-                    let _ = self.0.execute_batch("ROLLBACK");
+                    let _ = self.0.control(Control::Rollback);
                 }
             }
         }
-        let conn = &self.conn;
-        let run = |sql: &str| -> Result<()> {
-            conn.prepare_cached(sql)?.execute([])?;
-            Ok(())
-        };
-        if !conn.is_autocommit() {
+        if self.in_transaction() {
             // An earlier ROLLBACK failed and left a transaction open (holding the write
             // lock): end it before beginning anew.
-            conn.execute_batch("ROLLBACK")
+            self.control(Control::Rollback)
                 .map_err(|e| StoreError::Sqlite(format!("cannot end an open transaction: {e}")))?;
         }
-        run(begin)?;
-        let mut open = Open(conn, false);
-        let out = f(&Tx { tx: conn })?;
-        run("COMMIT")?;
+        self.control(if write {
+            Control::BeginWrite
+        } else {
+            Control::BeginRead
+        })?;
+        let mut open = Open(self, false);
+        let out = f(&Tx { tx: self.conn() })?;
+        self.control(if write {
+            Control::CommitWrite
+        } else {
+            Control::CommitRead
+        })?;
         open.1 = true;
         drop(open);
-        if begin == WRITE_BEGIN {
+        if write {
             self.commits += 1;
         }
         Ok(out)
@@ -593,10 +671,13 @@ impl Store {
     /// From now on this connection's commits are not synced as they are made (`synchronous`
     /// NORMAL: a power cut may take back the newest of them, never tear one); whoever
     /// commits lazily calls [`Store::sync_upto`] before anything outside the database acts
-    /// on what it committed. The engine's connection only; a no-op with `HANDOFFS_SYNC=full`.
+    /// on what it committed. The engine's connection only; a no-op with `HANDOFFS_SYNC=full`,
+    /// and on PostgreSQL, whose commit returns once it is flushed (`synchronous_commit`).
     pub fn commit_lazily(&mut self) -> Result<()> {
-        if !sync_every_commit() {
-            self.conn.execute_batch("PRAGMA synchronous=NORMAL;")?;
+        if let Db::Lite(conn) = &self.db
+            && !sync_every_commit()
+        {
+            conn.execute_batch("PRAGMA synchronous=NORMAL;")?;
             self.lazy = true;
         }
         Ok(())
@@ -676,16 +757,19 @@ impl Store {
         E: From<StoreError>,
     {
         self.flush()?;
+        let Db::Lite(conn) = &self.db else {
+            return self.transaction(true, f);
+        };
         if !self.lazy {
-            return self.transaction(WRITE_BEGIN, f);
+            return self.transaction(true, f);
         }
-        self.conn
-            .execute_batch("PRAGMA synchronous=FULL;")
+        conn.execute_batch("PRAGMA synchronous=FULL;")
             .map_err(StoreError::from)?;
-        let out = self.transaction(WRITE_BEGIN, f);
-        self.conn
-            .execute_batch("PRAGMA synchronous=NORMAL;")
-            .map_err(StoreError::from)?;
+        let out = self.transaction(true, f);
+        if let Db::Lite(conn) = &self.db {
+            conn.execute_batch("PRAGMA synchronous=NORMAL;")
+                .map_err(StoreError::from)?;
+        }
         if out.is_ok() {
             // A FULL commit syncs the WAL, and with it every earlier commit.
             self.synced_changes
@@ -694,14 +778,169 @@ impl Store {
         out
     }
 
-    /// SQLite's `data_version`: changes whenever another connection commits. Polling it is
-    /// how a running engine notices new work at once without re-reading tables.
+    /// A number that changes whenever another connection commits (SQLite's `data_version`;
+    /// on PostgreSQL, the notifications other sessions' commits sent). Polling it is how a
+    /// running engine notices new work at once without re-reading tables.
     pub fn data_version(&self) -> Result<i64> {
-        Ok(self
-            .conn
-            .prepare_cached("PRAGMA data_version")?
-            .query_row([], |r| r.get(0))?)
+        match &self.db {
+            Db::Lite(conn) => Ok(conn
+                .prepare_cached("PRAGMA data_version")?
+                .query_row([], |r| r.get(0))?),
+            Db::Pg { session, .. } => Ok(i64::try_from(session.notified()?).unwrap_or(i64::MAX)),
+        }
     }
+
+    /// The SQLite connection (a test's look underneath).
+    #[cfg(test)]
+    fn lite(&self) -> &Connection {
+        match &self.db {
+            Db::Lite(c) => c,
+            Db::Pg { .. } => panic!("not a SQLite store"),
+        }
+    }
+
+    /// Whether this store is a PostgreSQL database.
+    pub fn is_postgres(&self) -> bool {
+        matches!(self.db, Db::Pg { .. })
+    }
+
+    /// Takes the engine lock of this database: `false` when another engine holds it. On
+    /// SQLite, a file lock beside the database (one engine per machine and file); on
+    /// PostgreSQL, a session advisory lock (one engine per database across machines, freed
+    /// when its session ends, so a standby engine takes over once the holder is gone).
+    pub fn take_engine_lock(&mut self) -> Result<bool> {
+        if let Db::Pg { session, .. } = &self.db {
+            return session.take_engine_lock(pg_schema::TRY_ENGINE_LOCK);
+        }
+        let path = sibling(&self.path, ".engine");
+        let mut options = std::fs::File::options();
+        options.create(true).truncate(false).write(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            options.mode(0o600);
+        }
+        let file = options
+            .open(&path)
+            .map_err(|e| StoreError::Io(format!("cannot open {}: {e}", path.display())))?;
+        match file.try_lock() {
+            Ok(()) => {
+                self.engine_lock = Some(file);
+                Ok(true)
+            }
+            Err(std::fs::TryLockError::WouldBlock) => Ok(false),
+            Err(std::fs::TryLockError::Error(e)) => Err(StoreError::Io(format!(
+                "cannot lock {}: {e}",
+                path.display()
+            ))),
+        }
+    }
+
+    fn with_db(db: Db, path: PathBuf) -> Store {
+        Store {
+            db,
+            path,
+            lazy: false,
+            synced_changes: std::sync::Arc::default(),
+            commits: 0,
+            wal: None,
+            batch: Batch::default(),
+            engine_lock: None,
+        }
+    }
+
+    /// Opens the PostgreSQL database at `url`, creating its schema when `create` (and it has
+    /// none); returns whether it created it.
+    fn open_pg(url: &Path, create: bool) -> Result<(Store, bool)> {
+        let text = url.to_string_lossy().into_owned();
+        let session = pg::PgSession::connect(&text)?;
+        let created = pg_schema::prepare(&session, &text, create)?;
+        let store = Store::with_db(
+            Db::Pg {
+                session,
+                open: std::cell::Cell::new(false),
+            },
+            url.to_owned(),
+        );
+        Ok((store, created))
+    }
+}
+
+/// Transaction control (see [`Store::control`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Control {
+    BeginWrite,
+    BeginRead,
+    CommitWrite,
+    CommitRead,
+    Rollback,
+    Savepoint,
+    Release,
+    Undo,
+}
+
+/// Writes a fresh page token to `token` (0600) unless a sound one is there; whether it wrote.
+fn ensure_token(token: &Path) -> Result<bool> {
+    // An empty or truncated token file would let anyone send through the page: replace it.
+    if std::fs::read_to_string(token).is_ok_and(|t| t.trim().len() < 16) {
+        std::fs::remove_file(token)
+            .map_err(|e| StoreError::Io(format!("cannot replace {}: {e}", token.display())))?;
+    }
+    if token.exists() {
+        return Ok(false);
+    }
+    let value = format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    );
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    opts.open(token)
+        .and_then(|mut f| f.write_all(value.as_bytes()))
+        .map_err(|e| StoreError::Io(format!("cannot write {}: {e}", token.display())))?;
+    Ok(true)
+}
+
+fn migrate(conn: &mut Connection, from: i64) -> Result<()> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    // Another process may have migrated while we waited for the lock.
+    let now: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    for (i, sql) in migrations::STEPS.iter().enumerate() {
+        let target = i64::try_from(i).unwrap_or(i64::MAX) + 1;
+        if target > now.max(from) {
+            tx.execute_batch(sql)?;
+            if target == 3 {
+                fill_routes(&tx)?;
+            }
+            if target == 5 {
+                migrate_5(&tx)?;
+            }
+            if target == 7 {
+                migrate_7(&tx)?;
+            }
+            if target == 8 {
+                migrate_8(&tx)?;
+            }
+            if target == 9 {
+                migrate_9(&tx)?;
+            }
+            if target == 11 {
+                migrate_11(&tx)?;
+            }
+        }
+    }
+    tx.execute_batch(&format!(
+        "PRAGMA user_version = {}; PRAGMA application_id = {APPLICATION_ID};",
+        migrations::LATEST
+    ))?;
+    tx.commit()?;
+    Ok(())
 }
 
 /// Schema 7: each delivery's attempts and resends as columns, and the page's counts kept by
@@ -949,12 +1188,12 @@ fn fill_routes(tx: &rusqlite::Transaction<'_>) -> Result<()> {
 /// A transaction, with typed queries.
 #[derive(Debug)]
 pub struct Tx<'a> {
-    tx: &'a Connection,
+    tx: Conn<'a>,
 }
 
 impl Tx<'_> {
     /// Runs one statement, prepared once per connection (the statement cache).
-    fn exec(&self, sql: &str, params: impl rusqlite::Params) -> Result<usize> {
+    fn exec(&self, sql: &str, params: impl sql::Params) -> Result<usize> {
         Ok(self.tx.prepare_cached(sql)?.execute(params)?)
     }
 
@@ -962,15 +1201,20 @@ impl Tx<'_> {
     fn row<T>(
         &self,
         sql: &str,
-        params: impl rusqlite::Params,
-        f: impl FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+        params: impl sql::Params,
+        f: impl FnOnce(&sql::Row<'_, '_>) -> rusqlite::Result<T>,
     ) -> rusqlite::Result<T> {
         self.tx.prepare_cached(sql)?.query_row(params, f)
     }
 
     /// SQLite's quick integrity check: `ok`, or the first problem it found.
     pub fn quick_check(&self) -> Result<String> {
-        Ok(self.tx.query_row("PRAGMA quick_check", [], |r| r.get(0))?)
+        let check = if self.tx.is_pg() {
+            "SELECT 'ok'"
+        } else {
+            "PRAGMA quick_check"
+        };
+        Ok(self.tx.prepare_cached(check)?.query_row([], |r| r.get(0))?)
     }
 }
 
@@ -1009,11 +1253,11 @@ mod tests {
             });
         }));
         assert!(panicked.is_err());
-        assert!(store.conn.is_autocommit(), "no transaction left open");
+        assert!(store.lite().is_autocommit(), "no transaction left open");
         // One left open anyway (a ROLLBACK that failed) is ended before the next begins.
-        store.conn.execute_batch("BEGIN").unwrap();
+        store.lite().execute_batch("BEGIN").unwrap();
         let _: Option<serde_json::Value> = store.read(|tx| tx.config("k")).unwrap();
-        assert!(store.conn.is_autocommit());
+        assert!(store.lite().is_autocommit());
         let read: Option<serde_json::Value> = store.read(|tx| tx.config("k")).unwrap();
         assert_eq!(read, None, "nothing of either was committed");
         store.write(|tx| tx.set_config("k", &v)).unwrap();
@@ -1077,7 +1321,7 @@ mod tests {
         assert_eq!(config(&mut other, "e"), Some(serde_json::json!(5)));
         assert_eq!(config(&mut other, "f"), Some(serde_json::json!(6)));
         store.batch_steps(false).unwrap();
-        assert!(store.conn.is_autocommit());
+        assert!(store.lite().is_autocommit());
         // Abandoned (an engine dropped mid-run): what is open is rolled back, as a crash
         // would leave it, and writes commit on their own again.
         store.batch_steps(true).unwrap();
@@ -1085,7 +1329,7 @@ mod tests {
             .write(|tx| tx.set_config("g", &serde_json::json!(7)))
             .unwrap();
         store.abandon_batch();
-        assert!(store.conn.is_autocommit());
+        assert!(store.lite().is_autocommit());
         assert_eq!(config(&mut other, "g"), None);
         store
             .write(|tx| tx.set_config("h", &serde_json::json!(8)))
@@ -1104,7 +1348,7 @@ mod tests {
         store
             .write(|tx| tx.set_config("a", &serde_json::json!(1)))
             .unwrap();
-        store.conn.execute_batch("ROLLBACK").unwrap();
+        store.lite().execute_batch("ROLLBACK").unwrap();
         let e = store.flush().unwrap_err().to_string();
         assert!(e.contains("were not committed"), "{e}");
         assert!(store.sync_upto(store.changes_so_far()).is_err());
@@ -1161,7 +1405,7 @@ mod tests {
         let (store, _) = super::Store::init(&dir.path().join("h.db")).unwrap();
         let plan = |sql: &str| -> String {
             let mut st = store
-                .conn
+                .lite()
                 .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
                 .unwrap();
             let n = st.parameter_count();

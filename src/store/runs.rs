@@ -45,7 +45,7 @@ pub struct PushRow {
     pub pushed_at: Option<i64>,
 }
 
-pub(super) fn run_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRow> {
+pub(super) fn run_from(r: &super::sql::Row<'_, '_>) -> rusqlite::Result<RunRow> {
     Ok(RunRow {
         request_id: r.get(0)?,
         message_id: r.get(1)?,
@@ -60,7 +60,7 @@ pub(super) fn run_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRow> {
     })
 }
 
-pub(super) fn channel_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<ChannelRow> {
+pub(super) fn channel_from(r: &super::sql::Row<'_, '_>) -> rusqlite::Result<ChannelRow> {
     Ok(ChannelRow {
         pid: r.get(0)?,
         agent: r.get(1)?,
@@ -70,7 +70,7 @@ pub(super) fn channel_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<ChannelRow
     })
 }
 
-pub(super) fn push_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<PushRow> {
+pub(super) fn push_from(r: &super::sql::Row<'_, '_>) -> rusqlite::Result<PushRow> {
     Ok(PushRow {
         request_id: r.get(0)?,
         listener: r.get(1)?,
@@ -171,8 +171,10 @@ impl Tx<'_> {
     /// Registers a channel listener (a `handoffs mcp --channels` process).
     pub fn open_channel(&self, c: &ChannelRow) -> Result<()> {
         self.exec(
-            "INSERT OR REPLACE INTO channels (pid, agent, session, claude_pid, opened_at)
-             VALUES (?1, ?2, ?3, ?4, ?5)",
+            "INSERT INTO channels (pid, agent, session, claude_pid, opened_at)
+             VALUES (?1, ?2, ?3, ?4, ?5)
+             ON CONFLICT (pid) DO UPDATE SET agent = excluded.agent, session = excluded.session,
+               claude_pid = excluded.claude_pid, opened_at = excluded.opened_at",
             params![c.pid, c.agent, c.session, c.claude_pid, c.opened_at],
         )?;
         Ok(())

@@ -84,7 +84,7 @@ CREATE TABLE IF NOT EXISTS topic_notices (
 const TOPIC_COLS: &str = "name, created_by, keep_count, keep_minutes, last_position, created_at";
 const POST_COLS: &str = "topic, position, publisher, body, idem_key, created_at, body_hash";
 
-fn topic_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<TopicRow> {
+fn topic_from(r: &super::sql::Row<'_, '_>) -> rusqlite::Result<TopicRow> {
     Ok(TopicRow {
         name: r.get(0)?,
         created_by: r.get(1)?,
@@ -95,7 +95,7 @@ fn topic_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<TopicRow> {
     })
 }
 
-fn post_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<PostRow> {
+fn post_from(r: &super::sql::Row<'_, '_>) -> rusqlite::Result<PostRow> {
     Ok(PostRow {
         topic: r.get(0)?,
         position: r.get(1)?,
@@ -245,8 +245,8 @@ impl Tx<'_> {
     ) -> Result<usize> {
         self.exec(
             "UPDATE topic_posts SET body = NULL
-             WHERE topic = ?1 AND body IS NOT NULL AND (position <= ?2 - ?3 OR created_at < ?4)",
-            params![topic, last, keep_count, before],
+             WHERE topic = ?1 AND body IS NOT NULL AND (position <= ?2 OR created_at < ?3)",
+            params![topic, last.saturating_sub(keep_count), before],
         )
     }
 
@@ -296,7 +296,7 @@ impl Tx<'_> {
     /// Moves a subscriber's cursor forward (never back).
     pub fn advance_cursor(&self, topic: &str, agent: &str, to: i64) -> Result<()> {
         self.exec(
-            "UPDATE topic_subscribers SET cursor = max(cursor, ?3) WHERE topic = ?1 AND agent = ?2",
+            "UPDATE topic_subscribers SET cursor = CASE WHEN cursor > ?3 THEN cursor ELSE ?3 END WHERE topic = ?1 AND agent = ?2",
             params![topic, agent, to],
         )?;
         Ok(())

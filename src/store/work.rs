@@ -20,7 +20,7 @@ pub struct WorkRow {
     pub updated_at: i64,
 }
 
-pub(super) fn work_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<WorkRow> {
+pub(super) fn work_from(r: &super::sql::Row<'_, '_>) -> rusqlite::Result<WorkRow> {
     Ok(WorkRow {
         id: r.get(0)?,
         sender: r.get(1)?,
@@ -140,7 +140,8 @@ impl Tx<'_> {
             .tx
             .prepare_cached(&format!(
                 "SELECT count(*),
-                    coalesce(sum({OPEN_WORK} AND due_at IS NOT NULL AND due_at <= ?1), 0)
+                    coalesce(sum(CASE WHEN {OPEN_WORK} AND due_at IS NOT NULL AND due_at <= ?1
+                                 THEN 1 ELSE 0 END), 0)
              FROM work WHERE state != 'closed'"
             ))?
             .query_row([now], |r| Ok((r.get(0)?, r.get(1)?)))?;
@@ -155,10 +156,10 @@ impl Tx<'_> {
     pub fn newest_open_work(&self, overdue_at: Option<i64>, limit: i64) -> Result<Vec<WorkRow>> {
         let mut st = self.tx.prepare_cached(&format!(
             "SELECT {WORK_COLS} FROM work WHERE state != 'closed'
-               AND (?1 IS NULL OR ({OPEN_WORK} AND due_at IS NOT NULL AND due_at <= ?1))
+               AND (CAST(?1 AS BIGINT) IS NULL OR ({OPEN_WORK} AND due_at IS NOT NULL AND due_at <= ?1))
              ORDER BY created_at DESC LIMIT ?2"
         ))?;
-        let rows = st.query_map(rusqlite::params![overdue_at, limit], work_from)?;
+        let rows = st.query_map(params![overdue_at, limit], work_from)?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 }

@@ -19,10 +19,213 @@ pub struct World {
 pub const FAST_POLICY: &str = r#"{"sending_timeout_ms": 1500, "unobserved_limit_ms": 5000,
     "interrupt_resend_wait_ms": 500, "history_scan_interval_ms": 300, "history_scan_span_ms": 600}"#;
 
+/// The backend matrix: with `HANDOFFS_TEST_BACKEND=postgres`, every [`World`] runs on a fresh
+/// PostgreSQL database of its own (on the server `HANDOFFS_TEST_POSTGRES` names: a URL of a
+/// database the tests may create databases from) instead of a SQLite file. The cases that
+/// are about SQLite's file itself (its sync, its modes, a deleted file) say so
+/// ([`sqlite_file_case`]).
+pub fn postgres() -> Option<String> {
+    let on = std::env::var("HANDOFFS_TEST_BACKEND").is_ok_and(|b| b == "postgres");
+    on.then(|| {
+        postgres_server().unwrap_or_else(|| {
+            panic!("HANDOFFS_TEST_BACKEND=postgres needs HANDOFFS_TEST_POSTGRES (a server's URL)")
+        })
+    })
+}
+
+/// The PostgreSQL server the tests may use (`HANDOFFS_TEST_POSTGRES`), if any.
+pub fn postgres_server() -> Option<String> {
+    std::env::var("HANDOFFS_TEST_POSTGRES")
+        .ok()
+        .filter(|s| !s.is_empty())
+}
+
+/// The server for a case that needs PostgreSQL whichever side of the matrix runs: `None`
+/// (the case is skipped, and says so) without one, except under `CI=true`, where a missing
+/// server fails the case.
+pub fn postgres_or_skip(case: &str) -> Option<String> {
+    let found = postgres_server();
+    if found.is_none() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "{case}: HANDOFFS_TEST_POSTGRES is not set, and CI=true needs a PostgreSQL server"
+        );
+        eprintln!("{case}: skipped (set HANDOFFS_TEST_POSTGRES to a server's URL)");
+    }
+    found
+}
+
+/// A fresh, empty PostgreSQL database beside the one at `admin`; its URL. (On a thread of
+/// its own: the synchronous client must not run on a thread that drives a Tokio runtime.)
+pub fn fresh_postgres(admin: &str) -> String {
+    let name = format!("t_{}", uuid::Uuid::new_v4().simple());
+    let (owned, created) = (admin.to_owned(), name.clone());
+    std::thread::spawn(move || {
+        let admin = owned;
+        let mut client = ::postgres::Client::connect(&admin, ::postgres::NoTls)
+            .unwrap_or_else(|e| panic!("HANDOFFS_TEST_POSTGRES: cannot connect to {admin}: {e}"));
+        client
+            .batch_execute(&format!("CREATE DATABASE {created}"))
+            .unwrap_or_else(|e| panic!("cannot create database {created}: {e}"));
+    })
+    .join()
+    .expect("create a PostgreSQL database");
+    let mut url = url::Url::parse(admin).expect("HANDOFFS_TEST_POSTGRES is a URL");
+    url.set_path(&format!("/{name}"));
+    url.to_string()
+}
+
+/// Whether `db` is a PostgreSQL URL (this case runs on the PostgreSQL side of the matrix).
+pub fn is_postgres(db: &Path) -> bool {
+    db.to_string_lossy().starts_with("postgres")
+}
+
+/// For a case about SQLite's file itself (its modes, its sync, a damaged or locked file):
+/// `true`, after saying so, when the matrix runs on PostgreSQL, where there is no file.
+pub fn sqlite_file_case(what: &str) -> bool {
+    if postgres().is_some() {
+        eprintln!("SQLite-only case ({what}): the PostgreSQL side of the matrix has no file");
+        return true;
+    }
+    false
+}
+
+/// Runs `sql` (no parameters) on the database at `db`, whichever backend it is; the first
+/// column of each row it returns, as text. For the few cases that look underneath (a row
+/// damaged by hand, orphans a killed process may have left).
+pub fn sql_rows(db: &Path, sql: &str) -> Vec<String> {
+    if is_postgres(db) {
+        let (url, sql) = (db.to_string_lossy().into_owned(), sql.to_owned());
+        return std::thread::spawn(move || {
+            let mut client = ::postgres::Client::connect(&url, ::postgres::NoTls).unwrap();
+            client
+                .simple_query(&sql)
+                .unwrap_or_else(|e| panic!("{sql}: {e}"))
+                .into_iter()
+                .filter_map(|m| match m {
+                    ::postgres::SimpleQueryMessage::Row(r) => {
+                        Some(r.get(0).unwrap_or_default().to_owned())
+                    }
+                    _ => None,
+                })
+                .collect()
+        })
+        .join()
+        .expect("query PostgreSQL");
+    }
+    let conn = rusqlite::Connection::open(db).unwrap();
+    let _ = conn.busy_timeout(Duration::from_secs(5));
+    let mut st = conn.prepare(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    if st.column_count() == 0 {
+        drop(st);
+        conn.execute_batch(sql)
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        return Vec::new();
+    }
+    st.query_map([], |r| {
+        Ok(match r.get_ref(0)? {
+            rusqlite::types::ValueRef::Null => String::new(),
+            rusqlite::types::ValueRef::Integer(i) => i.to_string(),
+            rusqlite::types::ValueRef::Real(f) => f.to_string(),
+            rusqlite::types::ValueRef::Text(t) | rusqlite::types::ValueRef::Blob(t) => {
+                String::from_utf8_lossy(t).into_owned()
+            }
+        })
+    })
+    .unwrap()
+    .collect::<Result<_, _>>()
+    .unwrap()
+}
+
+/// `text` as an SQL string literal (both backends spell it the same).
+pub fn sql_text(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
+
+/// Holds the database's write lock from another connection until dropped (SQLite's
+/// `BEGIN EXCLUSIVE`; on PostgreSQL the advisory lock every writer queues on).
+pub struct WriteLockHolder {
+    release: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl WriteLockHolder {
+    pub fn take(db: &Path) -> WriteLockHolder {
+        let (release, wait) = std::sync::mpsc::channel::<()>();
+        let (held, taken) = std::sync::mpsc::channel::<()>();
+        let db = db.to_owned();
+        let thread = std::thread::spawn(move || {
+            if is_postgres(&db) {
+                let mut c =
+                    ::postgres::Client::connect(&db.to_string_lossy(), ::postgres::NoTls).unwrap();
+                c.batch_execute("BEGIN; SELECT pg_advisory_xact_lock(1213089862, 1)")
+                    .unwrap();
+                held.send(()).unwrap();
+                let _ = wait.recv();
+                c.batch_execute("ROLLBACK").unwrap();
+            } else {
+                let c = rusqlite::Connection::open(&db).unwrap();
+                c.execute_batch("BEGIN EXCLUSIVE").unwrap();
+                held.send(()).unwrap();
+                let _ = wait.recv();
+                c.execute_batch("ROLLBACK").unwrap();
+            }
+        });
+        taken.recv().expect("the write lock is taken");
+        WriteLockHolder {
+            release: Some(release),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for WriteLockHolder {
+    fn drop(&mut self) {
+        drop(self.release.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A PostgreSQL world's database is dropped with it, and this machine's token file for it
+/// (kept in the user's state folder, where the test process finds it too) removed.
+impl Drop for World {
+    fn drop(&mut self) {
+        if !is_postgres(&self.db) {
+            return;
+        }
+        let _ = std::fs::remove_file(handoffs::store::token_path(&self.db));
+        let (Some(admin), Some(name)) = (postgres_server(), self.db.file_name()) else {
+            return;
+        };
+        let name = name.to_string_lossy().into_owned();
+        let _ = std::thread::spawn(move || {
+            if let Ok(mut c) = ::postgres::Client::connect(&admin, ::postgres::NoTls) {
+                let _ = c.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
+            }
+        })
+        .join();
+    }
+}
+
 impl World {
     pub fn new() -> World {
+        World::with_db(postgres().map(|admin| fresh_postgres(&admin)))
+    }
+
+    /// A world on a fresh PostgreSQL database of the server at `admin`, whichever side of
+    /// the matrix runs.
+    pub fn on_postgres(admin: &str) -> World {
+        World::with_db(Some(fresh_postgres(admin)))
+    }
+
+    fn with_db(url: Option<String>) -> World {
         let dir = tempfile::tempdir().expect("temp dir");
-        let db = dir.path().join("state").join("h.sqlite3");
+        let db = match url {
+            Some(url) => PathBuf::from(url),
+            None => dir.path().join("state").join("h.sqlite3"),
+        };
         let log = dir.path().join("runs.log");
         let w = World { dir, db, log };
         w.ok(&["init"]);
@@ -432,6 +635,9 @@ pub fn kill9(engine: &mut Engine) {
 /// Whether the database at `db` holds, right now, a committed reservation of `request_id`
 /// with its write issued: what a recipient can check as a write arrives (G8).
 pub fn reservation_committed(db: &Path, request_id: &str) -> bool {
+    if is_postgres(db) {
+        return reservation_committed_pg(db, request_id);
+    }
     let Ok(conn) =
         rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
     else {
@@ -454,6 +660,31 @@ pub fn reservation_committed(db: &Path, request_id: &str) -> bool {
         )
         .unwrap_or_else(|e| panic!("the recipient could not read the database: {e}"));
     n > 0
+}
+
+/// [`reservation_committed`] on PostgreSQL: the same question in its JSON operators, on a
+/// session of its own (from a plain thread: the recipient answers inside a runtime).
+fn reservation_committed_pg(db: &Path, request_id: &str) -> bool {
+    let (url, req) = (db.to_string_lossy().into_owned(), request_id.to_owned());
+    std::thread::spawn(move || {
+        let mut client = ::postgres::Client::connect(&url, ::postgres::NoTls)
+            .unwrap_or_else(|e| panic!("the recipient could not reach the database: {e}"));
+        let row = client
+            .query_one(
+                "SELECT count(*) FROM deliveries WHERE
+                   (CAST(record AS jsonb) #>> '{core,request_id}' = $1 AND (
+                      (state = 'SENDING' AND CAST(record AS jsonb) -> 'issued_at' IS NOT NULL
+                         AND CAST(record AS jsonb) -> 'issued_at' <> 'null'::jsonb)
+                      OR state IN ('UNCERTAIN', 'ACCEPTED', 'RUNNING', 'RETURNED', 'FAILED',
+                                   'CANCELLED', 'ACKNOWLEDGED')))
+                   OR CAST(record AS jsonb) #> '{core,earlier_request_ids}' ? $1",
+                &[&req],
+            )
+            .unwrap_or_else(|e| panic!("the recipient could not read the database: {e}"));
+        row.get::<_, i64>(0) > 0
+    })
+    .join()
+    .expect("look up a reservation")
 }
 
 /// Serves POSTs on a loopback port until the test process ends, logging each to `log`;

@@ -3,8 +3,28 @@
 use super::{Cli, Duration, Engine, EngineError, Failure, emit, json, open, out, runtime, usage};
 
 pub(super) fn engine_cmd(cli: &Cli, interval: Option<Duration>) -> Result<(), Failure> {
-    let service = open(cli)?;
-    let mut engine = match Engine::new(service, interval.is_none()) {
+    let mut service = open(cli)?;
+    let mut standing_by = false;
+    let mut engine = match loop {
+        let standby = interval.is_some() && service.is_postgres();
+        match Engine::new(service, interval.is_none()) {
+            // On PostgreSQL a running engine stands by (engines on other machines share the
+            // database): it takes over once the holder's session ends (it stopped, died, or
+            // its machine went away), its lock freed by the server.
+            Err(EngineError::Busy) if standby => {
+                if !standing_by {
+                    tracing::info!(pid = std::process::id(), "standing by");
+                    eprintln!(
+                        "handoffs: another engine is delivering for this database; standing by to take over when it stops"
+                    );
+                    standing_by = true;
+                }
+                std::thread::sleep(std::time::Duration::from_secs(1));
+                service = open(cli)?;
+            }
+            other => break other,
+        }
+    } {
         Ok(e) => e,
         Err(EngineError::Busy) => {
             let msg = "another engine is delivering for this database; this pass is skipped";

@@ -117,14 +117,15 @@ pub fn run(cli: &Cli) -> Result<(), Failure> {
             let path = db_path(cli);
             let (_, created) = Service::init(&path)?;
             let token = token_path(&path);
+            let db = crate::service::shown(&path);
             emit(
                 cli,
-                &json!({"db": path, "token_file": token, "created": created}),
+                &json!({"db": db, "token_file": token, "created": created}),
                 || {
                     if created {
-                        format!("created {} (token in {})", path.display(), token.display())
+                        format!("created {db} (token in {})", token.display())
                     } else {
-                        format!("{} is ready", path.display())
+                        format!("{db} is ready")
                     }
                 },
             );

@@ -1,0 +1,543 @@
+//! PostgreSQL: one session per `Store`, driven by the synchronous `postgres` client on a
+//! worker thread of its own. The client runs a Tokio runtime inside, which must never be
+//! entered from a thread already driving one (the engine, `serve` and the MCP server call
+//! the store from async code, as they call SQLite: briefly and blocking); so every call is
+//! handed to the worker and its answer waited for on a channel. Statements are prepared
+//! once per session, their `?N` parameters rewritten to `$N`.
+//!
+//! Every write transaction `NOTIFY`s [`CHANNEL`] as it commits. A store that asks how many
+//! commits there were ([`PgSession::notified`], PostgreSQL's `data_version`: the engine)
+//! starts a second session that `LISTEN`s, on a thread of its own blocked on the socket:
+//! the synchronous client reads a notification only while one of its calls waits, so the
+//! query session, idle between calls, would never see one.
+
+use super::StoreError;
+use super::sql::Val;
+use postgres::fallible_iterator::FallibleIterator as _;
+use postgres::types::{FromSql, IsNull, ToSql, Type, to_sql_checked};
+use postgres::{Client, NoTls, Statement};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak, mpsc};
+use std::time::Duration;
+
+/// The channel write transactions notify.
+pub const CHANNEL: &str = "handoffs";
+
+/// Whether `db` names a PostgreSQL database rather than a SQLite file.
+pub fn is_url(db: &std::path::Path) -> bool {
+    db.to_str()
+        .is_some_and(|s| s.starts_with("postgres://") || s.starts_with("postgresql://"))
+}
+
+/// `url` without its password, for messages.
+pub fn redacted(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("***"));
+            u.to_string()
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// A failure reported by PostgreSQL or its client, carried inside `rusqlite::Error` through
+/// the table files (see `sql.rs`) and turned into a [`StoreError`] at the end.
+#[derive(Debug)]
+pub struct PgFailure {
+    /// The SQLSTATE, when the server answered with one.
+    pub code: Option<String>,
+    /// The session is gone (the server went away, the connection broke).
+    pub closed: bool,
+    pub message: String,
+}
+
+impl std::fmt::Display for PgFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+impl std::error::Error for PgFailure {}
+
+impl PgFailure {
+    fn of(e: &postgres::Error) -> PgFailure {
+        let message = match (e.as_db_error(), std::error::Error::source(e)) {
+            (Some(db), _) => format!("PostgreSQL: {}", db.message()),
+            (None, Some(cause)) => format!("PostgreSQL: {e}: {cause}"),
+            (None, None) => format!("PostgreSQL: {e}"),
+        };
+        PgFailure {
+            code: e.code().map(|c| c.code().to_owned()),
+            closed: e.is_closed(),
+            message,
+        }
+    }
+
+    fn gone() -> PgFailure {
+        PgFailure {
+            code: None,
+            closed: true,
+            message: "the PostgreSQL session's worker has stopped".to_owned(),
+        }
+    }
+
+    pub fn into_store_error(self) -> StoreError {
+        match self.code.as_deref() {
+            // serialization failure, deadlock, lock not available, cancelled by lock_timeout
+            Some("40001" | "40P01" | "55P03" | "57014") => StoreError::Locked,
+            Some("25006") => StoreError::ReadOnly(self.message),
+            _ if self.closed => StoreError::Io(format!(
+                "lost the connection to PostgreSQL: {}",
+                self.message
+            )),
+            _ => StoreError::Sqlite(self.message),
+        }
+    }
+}
+
+fn wrap(f: PgFailure) -> rusqlite::Error {
+    if std::env::var_os("HANDOFFS_PG_DEBUG").is_some() {
+        eprintln!("handoffs-pg: {}", f.message);
+    }
+    rusqlite::Error::ToSqlConversionFailure(Box::new(f))
+}
+
+/// The work a session's thread does: its client and prepared statements.
+struct Worker {
+    url: String,
+    client: Client,
+    statements: HashMap<String, Statement>,
+    /// This session's backend process (the listener does not count its notifications).
+    pid: Arc<AtomicI32>,
+    /// This session holds the engine lock: it is never opened anew, since a new session
+    /// would not hold it (another engine may have taken it meanwhile).
+    engine_lock: bool,
+}
+
+/// What the listening session has heard.
+#[derive(Debug, Default)]
+struct Heard {
+    /// Notifications from other sessions so far (and one more each time the listener
+    /// connects anew, as it may have missed some meanwhile).
+    count: AtomicU64,
+}
+
+type Job = Box<dyn FnOnce(&mut Worker) + Send>;
+
+/// One PostgreSQL session (see the module's notes).
+#[derive(Debug)]
+pub struct PgSession {
+    jobs: mpsc::Sender<Job>,
+    url: String,
+    pid: Arc<AtomicI32>,
+    /// Started by the first [`PgSession::notified`]; its thread ends soon after this drops.
+    heard: OnceLock<Arc<Heard>>,
+}
+
+fn connect(url: &str) -> Result<Client, PgFailure> {
+    let mut client = Client::connect(url, NoTls).map_err(|e| PgFailure::of(&e))?;
+    let wait = std::env::var("HANDOFFS_BUSY_TIMEOUT_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(30_000);
+    client
+        .batch_execute(&format!("SET lock_timeout = {wait}; SET TIME ZONE 'UTC';"))
+        .map_err(|e| PgFailure::of(&e))?;
+    Ok(client)
+}
+
+fn backend_pid(client: &mut Client) -> Result<i32, PgFailure> {
+    client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .and_then(|r| r.try_get(0))
+        .map_err(|e| PgFailure::of(&e))
+}
+
+impl PgSession {
+    /// Connects to `url` (a `postgres://` URL; no TLS: reach a remote server through a
+    /// local socket, a private network or a tunnel).
+    pub fn connect(url: &str) -> Result<PgSession, StoreError> {
+        let (jobs, inbox) = mpsc::channel::<Job>();
+        let (ready, started) = mpsc::channel::<Result<(), PgFailure>>();
+        let owned = url.to_owned();
+        let pid = Arc::new(AtomicI32::new(0));
+        let worker_pid = pid.clone();
+        std::thread::Builder::new()
+            .name("handoffs-pg".to_owned())
+            .spawn(move || {
+                let mut client = match connect(&owned) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        let _ = ready.send(Err(e));
+                        return;
+                    }
+                };
+                match backend_pid(&mut client) {
+                    Ok(p) => worker_pid.store(p, Ordering::SeqCst),
+                    Err(e) => {
+                        let _ = ready.send(Err(e));
+                        return;
+                    }
+                }
+                let _ = ready.send(Ok(()));
+                let mut worker = Worker {
+                    url: owned,
+                    client,
+                    statements: HashMap::new(),
+                    pid: worker_pid,
+                    engine_lock: false,
+                };
+                while let Ok(job) = inbox.recv() {
+                    job(&mut worker);
+                }
+            })
+            .map_err(|e| StoreError::Io(format!("cannot start the PostgreSQL worker: {e}")))?;
+        match started.recv() {
+            Ok(Ok(())) => Ok(PgSession {
+                jobs,
+                url: url.to_owned(),
+                pid,
+                heard: OnceLock::new(),
+            }),
+            Ok(Err(e)) => Err(StoreError::Io(format!(
+                "cannot connect to {}: {}",
+                redacted(url),
+                e.message
+            ))),
+            Err(_) => Err(StoreError::Io(
+                "the PostgreSQL worker stopped while connecting".to_owned(),
+            )),
+        }
+    }
+
+    /// The URL this session was opened with.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Runs `f` on the worker and waits for its answer.
+    fn call<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Worker) -> Result<R, PgFailure> + Send + 'static,
+    ) -> Result<R, PgFailure> {
+        let (tx, rx) = mpsc::channel();
+        self.jobs
+            .send(Box::new(move |w| {
+                let _ = tx.send(f(w));
+            }))
+            .map_err(|_| PgFailure::gone())?;
+        rx.recv().map_err(|_| PgFailure::gone())?
+    }
+
+    /// The rows of `sql` with `params`, every value read out.
+    pub fn query(&self, sql: &str, params: Vec<Val>) -> rusqlite::Result<Vec<Vec<Val>>> {
+        let sql = sql.to_owned();
+        self.call(move |w| {
+            let st = w.prepare(&sql)?;
+            let refs: Vec<&(dyn ToSql + Sync)> =
+                params.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
+            let rows = w.client.query(&st, &refs).map_err(|e| PgFailure::of(&e))?;
+            rows.iter().map(decode_row).collect()
+        })
+        .map_err(wrap)
+    }
+
+    /// Runs `sql` with `params`; the number of rows it changed.
+    pub fn execute(&self, sql: &str, params: Vec<Val>) -> rusqlite::Result<usize> {
+        let sql = sql.to_owned();
+        self.call(move |w| {
+            let st = w.prepare(&sql)?;
+            let refs: Vec<&(dyn ToSql + Sync)> =
+                params.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
+            let n = w
+                .client
+                .execute(&st, &refs)
+                .map_err(|e| PgFailure::of(&e))?;
+            Ok(usize::try_from(n).unwrap_or(usize::MAX))
+        })
+        .map_err(wrap)
+    }
+
+    /// Runs statements without parameters (transaction control, schema).
+    pub fn batch(&self, sql: &str) -> Result<(), StoreError> {
+        let sql = sql.to_owned();
+        self.call(move |w| w.client.batch_execute(&sql).map_err(|e| PgFailure::of(&e)))
+            .map_err(PgFailure::into_store_error)
+    }
+
+    /// Begins a transaction with `sql`, first opening the session anew if it was lost
+    /// (between transactions only: a transaction never spans two sessions).
+    pub fn begin(&self, sql: &str) -> Result<(), StoreError> {
+        let sql = sql.to_owned();
+        self.call(move |w| {
+            if w.client.is_closed() {
+                if w.engine_lock {
+                    return Err(PgFailure {
+                        code: None,
+                        closed: true,
+                        message: "the session that held the engine lock is gone, and the lock with it; this engine writes nothing more (another engine takes over)".to_owned(),
+                    });
+                }
+                w.client = connect(&w.url)?;
+                w.pid.store(backend_pid(&mut w.client)?, Ordering::SeqCst);
+                w.statements.clear();
+            }
+            w.client.batch_execute(&sql).map_err(|e| PgFailure::of(&e))
+        })
+        .map_err(PgFailure::into_store_error)
+    }
+
+    /// Takes the engine lock (a session advisory lock) if it is free; whether it did. A
+    /// session that holds it is never opened anew ([`PgSession::begin`] fails instead).
+    pub fn take_engine_lock(&self, sql: &str) -> Result<bool, StoreError> {
+        let sql = sql.to_owned();
+        self.call(move |w| {
+            let got: bool = w
+                .client
+                .query_one(sql.as_str(), &[])
+                .and_then(|r| r.try_get(0))
+                .map_err(|e| PgFailure::of(&e))?;
+            w.engine_lock |= got;
+            Ok(got)
+        })
+        .map_err(PgFailure::into_store_error)
+    }
+
+    /// How many commits other sessions have announced on [`CHANNEL`] since this session
+    /// first asked (the first call starts the listener).
+    pub fn notified(&self) -> Result<u64, StoreError> {
+        let heard = self.heard.get_or_init(|| {
+            let heard = Arc::new(Heard::default());
+            let worker = self.pid.clone();
+            listen(&self.url, Arc::downgrade(&heard), move |h, from| {
+                if from.is_none_or(|pid| pid != worker.load(Ordering::SeqCst)) {
+                    h.count.fetch_add(1, Ordering::SeqCst);
+                }
+            });
+            heard
+        });
+        Ok(heard.count.load(Ordering::SeqCst))
+    }
+}
+
+/// Listens on [`CHANNEL`] in a session of its own, on a thread blocked on its socket a
+/// second at a time, until `alive` is gone: `on(alive, Some(pid))` for each commit a session
+/// announced, and `on(alive, None)` each time it connects (anew after the session broke),
+/// since it may have missed some meanwhile.
+pub fn listen<T: Send + Sync + 'static>(
+    url: &str,
+    alive: Weak<T>,
+    on: impl Fn(&T, Option<i32>) + Send + 'static,
+) {
+    let url = url.to_owned();
+    let spawned = std::thread::Builder::new()
+        .name("handoffs-pg-listen".to_owned())
+        .spawn(move || {
+            loop {
+                let Some(t) = alive.upgrade() else { return };
+                on(&t, None);
+                drop(t);
+                let session = Client::connect(&url, NoTls)
+                    .and_then(|mut c| c.batch_execute(&format!("LISTEN {CHANNEL}")).map(|()| c));
+                let Ok(mut client) = session else {
+                    std::thread::sleep(Duration::from_secs(1));
+                    continue;
+                };
+                loop {
+                    let Some(t) = alive.upgrade() else { return };
+                    {
+                        let mut notes = client.notifications();
+                        let mut waiting = notes.timeout_iter(Duration::from_secs(1));
+                        while let Ok(Some(n)) = waiting.next() {
+                            on(&t, Some(n.process_id()));
+                        }
+                    }
+                    if client.is_closed() {
+                        break;
+                    }
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start the PostgreSQL listener");
+    }
+}
+
+impl Worker {
+    fn prepare(&mut self, sql: &str) -> Result<Statement, PgFailure> {
+        if let Some(st) = self.statements.get(sql) {
+            return Ok(st.clone());
+        }
+        let st = self.client.prepare(&translate(sql)).map_err(|e| {
+            let mut f = PgFailure::of(&e);
+            if std::env::var_os("HANDOFFS_PG_DEBUG").is_some() {
+                f.message = format!("{} in: {sql}", f.message);
+            }
+            f
+        })?;
+        self.statements.insert(sql.to_owned(), st.clone());
+        Ok(st)
+    }
+}
+
+/// SQLite's `?N` parameters as PostgreSQL's `$N` (outside quoted text).
+pub fn translate(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut quoted = false;
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\'' => {
+                quoted = !quoted;
+                out.push(c);
+            }
+            '?' if !quoted && chars.peek().is_some_and(char::is_ascii_digit) => out.push('$'),
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+impl ToSql for Val {
+    fn to_sql(
+        &self,
+        ty: &Type,
+        out: &mut bytes::BytesMut,
+    ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        match self {
+            Val::Null => Ok(IsNull::Yes),
+            Val::Int(i) => match *ty {
+                Type::INT8 => i.to_sql(ty, out),
+                Type::INT4 => i32::try_from(*i)?.to_sql(ty, out),
+                Type::INT2 => i16::try_from(*i)?.to_sql(ty, out),
+                Type::BOOL => (*i != 0).to_sql(ty, out),
+                #[allow(clippy::cast_precision_loss)]
+                Type::FLOAT8 => (*i as f64).to_sql(ty, out),
+                _ => i.to_string().as_str().to_sql(ty, out),
+            },
+            Val::Real(f) => match *ty {
+                Type::FLOAT4 => {
+                    #[allow(clippy::cast_possible_truncation)]
+                    let f = *f as f32;
+                    f.to_sql(ty, out)
+                }
+                Type::FLOAT8 => f.to_sql(ty, out),
+                _ => f.to_string().as_str().to_sql(ty, out),
+            },
+            Val::Text(s) => match *ty {
+                Type::INT8 => s.parse::<i64>()?.to_sql(ty, out),
+                _ => s.as_str().to_sql(ty, out),
+            },
+            Val::Blob(b) => b.as_slice().to_sql(ty, out),
+        }
+    }
+
+    fn accepts(_: &Type) -> bool {
+        true
+    }
+
+    to_sql_checked!();
+}
+
+/// A `numeric` (what `sum` of a `bigint` column gives) as an integer, or a float when it
+/// has a fraction: its binary form is base-10000 digits with a weight and a sign.
+struct Numeric(Val);
+
+impl<'a> FromSql<'a> for Numeric {
+    fn from_sql(_: &Type, raw: &'a [u8]) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        let word = |i: usize| -> Result<i16, Box<dyn std::error::Error + Sync + Send>> {
+            let b = raw
+                .get(i * 2..i * 2 + 2)
+                .ok_or("a numeric value is cut short")?;
+            Ok(i16::from_be_bytes([b[0], b[1]]))
+        };
+        let digits = usize::try_from(word(0)?).map_err(|_| "a numeric with negative length")?;
+        let weight = i32::from(word(1)?);
+        let sign = u16::from_be_bytes(word(2)?.to_be_bytes());
+        if sign == 0xC000 {
+            return Err("NaN where a number was expected".into());
+        }
+        let mut whole: i128 = 0;
+        let mut frac = 0f64;
+        for i in 0..digits {
+            let d = i128::from(word(4 + i)?);
+            let power = weight - i32::try_from(i).unwrap_or(i32::MAX);
+            if power >= 0 {
+                whole += d * 10_000i128.pow(u32::try_from(power).unwrap_or(0));
+            } else {
+                #[allow(clippy::cast_precision_loss)]
+                {
+                    frac += d as f64 * 10_000f64.powi(power);
+                }
+            }
+        }
+        if sign == 0x4000 {
+            whole = -whole;
+            frac = -frac;
+        }
+        if frac == 0.0 {
+            return Ok(Numeric(Val::Int(i64::try_from(whole)?)));
+        }
+        #[allow(clippy::cast_precision_loss)]
+        Ok(Numeric(Val::Real(whole as f64 + frac)))
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::NUMERIC
+    }
+}
+
+fn decode_row(row: &postgres::Row) -> Result<Vec<Val>, PgFailure> {
+    (0..row.len())
+        .map(|i| {
+            let ty = row.columns()[i].type_().clone();
+            let v = match ty {
+                Type::INT8 => row.try_get::<_, Option<i64>>(i).map(|v| v.map(Val::Int)),
+                Type::INT4 => row
+                    .try_get::<_, Option<i32>>(i)
+                    .map(|v| v.map(|x| Val::Int(x.into()))),
+                Type::INT2 => row
+                    .try_get::<_, Option<i16>>(i)
+                    .map(|v| v.map(|x| Val::Int(x.into()))),
+                Type::BOOL => row
+                    .try_get::<_, Option<bool>>(i)
+                    .map(|v| v.map(|x| Val::Int(x.into()))),
+                Type::FLOAT8 => row.try_get::<_, Option<f64>>(i).map(|v| v.map(Val::Real)),
+                Type::FLOAT4 => row
+                    .try_get::<_, Option<f32>>(i)
+                    .map(|v| v.map(|x| Val::Real(x.into()))),
+                Type::NUMERIC => row.try_get::<_, Option<Numeric>>(i).map(|v| v.map(|n| n.0)),
+                Type::BYTEA => row
+                    .try_get::<_, Option<Vec<u8>>>(i)
+                    .map(|v| v.map(Val::Blob)),
+                _ => row
+                    .try_get::<_, Option<String>>(i)
+                    .map(|v| v.map(Val::Text)),
+            };
+            v.map(|v| v.unwrap_or(Val::Null))
+                .map_err(|e| PgFailure::of(&e))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameters_are_renumbered_outside_quotes() {
+        assert_eq!(
+            translate("SELECT a FROM t WHERE b = ?1 AND c = '?2' AND d IN (?2, ?10)"),
+            "SELECT a FROM t WHERE b = $1 AND c = '?2' AND d IN ($2, $10)"
+        );
+    }
+
+    #[test]
+    fn a_password_is_never_shown() {
+        assert_eq!(
+            redacted("postgres://me:secret@db.example:5432/team"),
+            "postgres://me:***@db.example:5432/team"
+        );
+        assert_eq!(redacted("postgres://me@h/db"), "postgres://me@h/db");
+    }
+}
