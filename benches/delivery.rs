@@ -32,8 +32,27 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
     sorted[i]
 }
 
+/// With `HANDOFFS_BENCH_POSTGRES` (the URL of a database on a PostgreSQL server the bench may
+/// create databases from), each figure runs on a fresh PostgreSQL database instead of a
+/// SQLite file (docs/PERFORMANCE.md puts both side by side).
+fn postgres() -> Option<String> {
+    std::env::var("HANDOFFS_BENCH_POSTGRES")
+        .ok()
+        .filter(|s| !s.is_empty())
+}
+
 fn fresh(dir: &Path, name: &str) -> (PathBuf, Service) {
-    let db = dir.join(name).join("h.sqlite3");
+    let db = match postgres() {
+        Some(admin) => {
+            let db = format!("bench_{}", uuid::Uuid::new_v4().simple());
+            let mut c = postgres::Client::connect(&admin, postgres::NoTls).unwrap();
+            c.batch_execute(&format!("CREATE DATABASE {db}")).unwrap();
+            let mut url = url::Url::parse(&admin).unwrap();
+            url.set_path(&format!("/{db}"));
+            PathBuf::from(url.to_string())
+        }
+        None => dir.join(name).join("h.sqlite3"),
+    };
     let (store, _) = Store::init(&db).unwrap();
     (db, Service::new(store))
 }
@@ -56,23 +75,23 @@ fn stop(mut c: Child) {
 
 /// How many deliveries returned: one indexed count, so that watching costs the engine
 /// next to nothing (the full overview would).
-fn returned(s: &mut Service) -> i64 {
-    let c = rusqlite::Connection::open(s.db_path()).unwrap();
-    c.query_row(
-        "SELECT count(*) FROM deliveries WHERE state = 'RETURNED'",
-        [],
-        |r| r.get(0),
-    )
-    .unwrap()
+fn returned(store: &mut Store) -> i64 {
+    store
+        .read(|tx: &handoffs::store::Tx<'_>| tx.count_by_state())
+        .unwrap()
+        .into_iter()
+        .find(|(state, _)| state == "RETURNED")
+        .map_or(0, |(_, n)| n)
 }
 
 fn wait_returned(s: &mut Service, n: i64, limit: Duration) -> Duration {
     let t = Instant::now();
-    while returned(s) < n {
+    let mut store = Store::open(s.db_path()).unwrap();
+    while returned(&mut store) < n {
         assert!(
             t.elapsed() < limit,
             "only {} of {n} returned after {limit:?}",
-            returned(s)
+            returned(&mut store)
         );
         std::thread::sleep(Duration::from_millis(50));
     }

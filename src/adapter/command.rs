@@ -563,9 +563,14 @@ fn supervisor_command(
         std::env::current_exe().map_err(|e| e.to_string())?
     };
     let mut cmd = std::process::Command::new(exe);
-    cmd.arg("--db")
-        .arg(w.db)
-        .arg("supervise")
+    // A PostgreSQL URL may hold a password: through the environment, which only this user
+    // can read, never on the command line, which every user's `ps` shows.
+    if crate::store::pg::is_url(w.db) {
+        cmd.env("HANDOFFS_DB", w.db);
+    } else {
+        cmd.arg("--db").arg(w.db);
+    }
+    cmd.arg("supervise")
         .arg("--request-id")
         .arg(w.request_id)
         .arg("--message")

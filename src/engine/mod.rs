@@ -245,6 +245,10 @@ impl std::fmt::Debug for Engine {
     }
 }
 
+/// Why a running engine on PostgreSQL stops when its session ended: another engine may hold
+/// the lock by now, so it writes nothing more (`handoffs run` stands by again).
+pub const ENGINE_LOCK_LOST: &str = "the session that held the engine lock is gone, and the lock with it; this engine stops delivering";
+
 /// Why an engine could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -1104,6 +1108,10 @@ impl Engine {
                     "the database {} is gone; the engine stops",
                     db.display()
                 ));
+            }
+            if !file && self.service.borrow().engine_lock_lost() {
+                let _ = self.stop(jobs).await;
+                return Err(ENGINE_LOCK_LOST.to_owned());
             }
             // Read before looking: a commit by another connection meanwhile is noticed.
             let seen = self.service.borrow().data_version().unwrap_or(0);

@@ -23,6 +23,8 @@ pub mod topics;
 pub mod trace;
 pub mod work;
 
+/// Whether a database names a PostgreSQL server (a `postgres://` URL), not a SQLite file.
+pub use crate::store::pg::is_url as is_postgres_url;
 pub use crate::store::{
     AgentRow, ChainRow, DeadLetterRow, DeliveryRow, EventRow, FanoutRow, IdTable, MessageRow,
     StoreError, TraceRow, WorkRow, shown, token_path,

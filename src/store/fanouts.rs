@@ -215,7 +215,10 @@ impl Tx<'_> {
 
     /// The ids of fan-outs that start with `prefix`, at most two.
     pub fn fanout_ids_with_prefix(&self, prefix: &str) -> Result<Vec<String>> {
+        // Ids are lower-case; SQLite's LIKE ignores case and PostgreSQL's does not: an id typed
+        // in capitals resolves on both.
         let escaped = prefix
+            .to_ascii_lowercase()
             .replace('\\', "\\\\")
             .replace('%', "\\%")
             .replace('_', "\\_");

@@ -87,7 +87,10 @@ impl Tx<'_> {
             IdTable::Messages => ("messages", "id"),
             IdTable::Deliveries => ("deliveries", "message_id"),
         };
+        // Ids are lower-case; SQLite's LIKE ignores case and PostgreSQL's does not: an id typed
+        // in capitals resolves on both.
         let escaped = prefix
+            .to_ascii_lowercase()
             .replace('\\', "\\\\")
             .replace('%', "\\%")
             .replace('_', "\\_");

@@ -1,7 +1,8 @@
-//! The SQLite store: schema and migrations, connection settings, short `BEGIN IMMEDIATE`
-//! transactions, and typed reads and writes of agents, messages, work, deliveries, events and
-//! command runs. The only module that knows rusqlite. It decides nothing about delivery:
-//! records go in and out as `model::Delivery`.
+//! The store: schema and migrations, connection settings, short write transactions
+//! (SQLite's `BEGIN IMMEDIATE`; on PostgreSQL, one advisory lock all writers queue on), and
+//! typed reads and writes of agents, messages, work, deliveries, events and command runs, on
+//! SQLite or PostgreSQL (`sql.rs`, `pg.rs`). The only module that knows rusqlite or
+//! postgres. It decides nothing about delivery: records go in and out as `model::Delivery`.
 
 /// The states of a delivery queued behind its recipient's earlier ones, as SQL: only the
 /// head of such a queue is looked at (`QUEUE_HEADS`). The partial indexes of schema 6 hold
@@ -118,7 +119,6 @@ impl From<rusqlite::Error> for StoreError {
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
 /// An open database.
-#[derive(Debug)]
 pub struct Store {
     db: Db,
     /// The database's path, or its `postgres://` URL: what another process is handed to
@@ -140,6 +140,16 @@ pub struct Store {
     /// The engine lock, once taken ([`Store::take_engine_lock`]): a locked file beside a
     /// SQLite database; PostgreSQL's is a session advisory lock.
     engine_lock: Option<std::fs::File>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("db", &shown(&self.path))
+            .field("lazy", &self.lazy)
+            .field("commits", &self.commits)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The connection underneath.
@@ -198,7 +208,7 @@ pub fn local_anchor(db: &Path) -> PathBuf {
     if !pg::is_url(db) {
         return db.to_owned();
     }
-    let url = pg::redacted(&db.to_string_lossy());
+    let url = pg::identity(&db.to_string_lossy());
     let dir = std::env::var_os("HANDOFFS_STATE_DIR")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("XDG_STATE_HOME").map(|d| PathBuf::from(d).join("handoffs")))
@@ -207,8 +217,6 @@ pub fn local_anchor(db: &Path) -> PathBuf {
         })
         .unwrap_or_else(|| std::env::temp_dir().join("handoffs"));
     let readable: String = url
-        .trim_start_matches("postgresql://")
-        .trim_start_matches("postgres://")
         .chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || c == '-' {
@@ -488,7 +496,7 @@ impl Store {
                     session.begin(if what == Control::BeginWrite {
                         pg_schema::WRITE_BEGIN
                     } else {
-                        "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+                        pg_schema::READ_BEGIN
                     })?;
                     open.set(true);
                     Ok(())
@@ -796,6 +804,15 @@ impl Store {
         match &self.db {
             Db::Lite(c) => c,
             Db::Pg { .. } => panic!("not a SQLite store"),
+        }
+    }
+
+    /// Whether the engine lock this store's PostgreSQL session held is gone with the
+    /// session (never on SQLite).
+    pub fn engine_lock_lost(&self) -> bool {
+        match &self.db {
+            Db::Pg { session, .. } => session.engine_lock_lost(),
+            Db::Lite(_) => false,
         }
     }
 
@@ -1209,8 +1226,17 @@ impl Tx<'_> {
 
     /// SQLite's quick integrity check: `ok`, or the first problem it found.
     pub fn quick_check(&self) -> Result<String> {
+        // PostgreSQL checks its own pages; what can make it lose a commit handoffs counted
+        // on is how the server runs.
         let check = if self.tx.is_pg() {
-            "SELECT 'ok'"
+            "SELECT CASE
+               WHEN current_setting('fsync') <> 'on'
+                 THEN 'the server runs with fsync off: a crash can lose or tear commits'
+               WHEN current_setting('full_page_writes') <> 'on'
+                 THEN 'the server runs with full_page_writes off: a crash can tear pages'
+               WHEN current_setting('synchronous_commit') = 'off'
+                 THEN 'commits are not flushed before they return (synchronous_commit off)'
+               ELSE 'ok' END"
         } else {
             "PRAGMA quick_check"
         };

@@ -30,14 +30,67 @@ pub fn is_url(db: &std::path::Path) -> bool {
         .is_some_and(|s| s.starts_with("postgres://") || s.starts_with("postgresql://"))
 }
 
-/// `url` without its password, for messages.
+/// `url` without its secrets, for messages and file names: the password (in the user part
+/// or a `password=` parameter) shown as `***`; a URL that does not parse (several hosts,
+/// say) shows as its scheme alone, so nothing unparsed ever reaches a message.
 pub fn redacted(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut u) if u.password().is_some() => {
-            let _ = u.set_password(Some("***"));
-            u.to_string()
+    let scheme = if url.starts_with("postgresql://") {
+        "postgresql://"
+    } else {
+        "postgres://"
+    };
+    let Ok(mut u) = url::Url::parse(url) else {
+        return format!("{scheme}…");
+    };
+    if u.password().is_some() && u.set_password(Some("***")).is_err() {
+        return format!("{scheme}…");
+    }
+    if u.query_pairs()
+        .any(|(k, _)| k.eq_ignore_ascii_case("password"))
+    {
+        let kept: Vec<(String, String)> = u
+            .query_pairs()
+            .map(|(k, v)| {
+                let v = if k.eq_ignore_ascii_case("password") {
+                    "***".to_owned()
+                } else {
+                    v.into_owned()
+                };
+                (k.into_owned(), v)
+            })
+            .collect();
+        u.query_pairs_mut().clear().extend_pairs(kept);
+    }
+    u.to_string()
+}
+
+/// What names a database without anything secret: user, host, port and database, for the
+/// file names of this machine's state.
+pub fn identity(url: &str) -> String {
+    match url.parse::<postgres::Config>() {
+        Ok(c) => {
+            let host = c
+                .get_hosts()
+                .iter()
+                .map(|h| match h {
+                    postgres::config::Host::Tcp(name) => name.clone(),
+                    postgres::config::Host::Unix(path) => path.display().to_string(),
+                })
+                .collect::<Vec<_>>()
+                .join(",");
+            let port = c
+                .get_ports()
+                .iter()
+                .map(u16::to_string)
+                .collect::<Vec<_>>()
+                .join(",");
+            format!(
+                "{}@{host}:{port}/{}",
+                c.get_user().unwrap_or(""),
+                c.get_dbname().unwrap_or("")
+            )
         }
-        _ => url.to_owned(),
+        Err(_) => "unparsed".to_owned(),
     }
 }
 
@@ -125,7 +178,6 @@ struct Heard {
 type Job = Box<dyn FnOnce(&mut Worker) + Send>;
 
 /// One PostgreSQL session (see the module's notes).
-#[derive(Debug)]
 pub struct PgSession {
     jobs: mpsc::Sender<Job>,
     url: String,
@@ -134,16 +186,44 @@ pub struct PgSession {
     heard: OnceLock<Arc<Heard>>,
 }
 
+/// A session to `url`, with bounds on what the network may take: a connect gives up after
+/// 10 s, and a session whose peer stopped answering is declared dead within about half a
+/// minute (TCP keepalive and user timeout) instead of the kernel's quarter of an hour,
+/// unless the URL says otherwise. Each commit waits for its flush (`synchronous_commit`,
+/// whatever the server's default): a reservation is on disk before its write goes out.
 fn connect(url: &str) -> Result<Client, PgFailure> {
-    let mut client = Client::connect(url, NoTls).map_err(|e| PgFailure::of(&e))?;
+    let mut config: postgres::Config = url.parse().map_err(|e| PgFailure::of(&e))?;
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(Duration::from_secs(10));
+    }
+    if config.get_tcp_user_timeout().is_none() {
+        config.tcp_user_timeout(Duration::from_secs(30));
+    }
+    if !url.contains("keepalives_idle") {
+        config
+            .keepalives_idle(Duration::from_secs(10))
+            .keepalives_interval(Duration::from_secs(5))
+            .keepalives_retries(3);
+    }
+    let mut client = config.connect(NoTls).map_err(|e| PgFailure::of(&e))?;
     let wait = std::env::var("HANDOFFS_BUSY_TIMEOUT_MS")
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
         .unwrap_or(30_000);
     client
-        .batch_execute(&format!("SET lock_timeout = {wait}; SET TIME ZONE 'UTC';"))
+        .batch_execute(&format!(
+            "SET lock_timeout = {wait}; SET TIME ZONE 'UTC'; SET synchronous_commit = on;"
+        ))
         .map_err(|e| PgFailure::of(&e))?;
     Ok(client)
+}
+
+impl std::fmt::Debug for PgSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgSession")
+            .field("url", &redacted(&self.url))
+            .finish_non_exhaustive()
+    }
 }
 
 fn backend_pid(client: &mut Client) -> Result<i32, PgFailure> {
@@ -282,9 +362,21 @@ impl PgSession {
                 w.pid.store(backend_pid(&mut w.client)?, Ordering::SeqCst);
                 w.statements.clear();
             }
-            w.client.batch_execute(&sql).map_err(|e| PgFailure::of(&e))
+            // `BEGIN; SELECT pg_advisory_xact_lock(…)` is one message: when the lock's wait
+            // times out, the transaction is open and failed. End it, or every later call
+            // of this session would fail.
+            w.client.batch_execute(&sql).map_err(|e| {
+                let _ = w.client.batch_execute("ROLLBACK");
+                PgFailure::of(&e)
+            })
         })
         .map_err(PgFailure::into_store_error)
+    }
+
+    /// Whether this session held the engine lock and is gone (the lock went with it).
+    pub fn engine_lock_lost(&self) -> bool {
+        self.call(|w| Ok(w.engine_lock && w.client.is_closed()))
+            .unwrap_or(true)
     }
 
     /// Takes the engine lock (a session advisory lock) if it is free; whether it did. A
@@ -334,15 +426,22 @@ pub fn listen<T: Send + Sync + 'static>(
         .name("handoffs-pg-listen".to_owned())
         .spawn(move || {
             loop {
-                let Some(t) = alive.upgrade() else { return };
-                on(&t, None);
-                drop(t);
-                let session = Client::connect(&url, NoTls)
-                    .and_then(|mut c| c.batch_execute(&format!("LISTEN {CHANNEL}")).map(|()| c));
+                if alive.strong_count() == 0 {
+                    return;
+                }
+                let session = connect(&url).and_then(|mut c| {
+                    c.batch_execute(&format!("LISTEN {CHANNEL}"))
+                        .map(|()| c)
+                        .map_err(|e| PgFailure::of(&e))
+                });
                 let Ok(mut client) = session else {
                     std::thread::sleep(Duration::from_secs(1));
                     continue;
                 };
+                // Listening now: whatever was committed before may have gone unheard.
+                let Some(t) = alive.upgrade() else { return };
+                on(&t, None);
+                drop(t);
                 loop {
                     let Some(t) = alive.upgrade() else { return };
                     {

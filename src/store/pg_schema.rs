@@ -54,16 +54,49 @@ CREATE TRIGGER deliveries_count_update AFTER UPDATE OF state, attempts, resends 
 "#;
 
 /// Checks the database at `url` is ours and current, creating the schema when `create`
-/// and the database holds no tables; whether it created it.
+/// and the database holds no tables; whether it created it. The look is a read-only
+/// snapshot (a command, a standby engine, a remote session opening the store never queues
+/// behind the writers); only creating the schema takes the writers' lock, and looks again
+/// under it (another process may have just created it).
 pub fn prepare(session: &PgSession, url: &str, create: bool) -> Result<bool, StoreError> {
-    session.begin(WRITE_BEGIN)?;
-    let out = prepare_in(session, url, create);
-    let end = if out.is_ok() { "COMMIT" } else { "ROLLBACK" };
-    session.batch(end)?;
+    if in_transaction(session, READ_BEGIN, |s| look(s, url))? {
+        return Ok(false);
+    }
+    if !create {
+        return Err(StoreError::Missing(PathBuf::from(redacted(url))));
+    }
+    in_transaction(session, WRITE_BEGIN, |s| {
+        if look(s, url)? {
+            return Ok(false);
+        }
+        s.batch(&SCHEMA.replace("__DDL__", DDL))?;
+        Conn::Pg(s)
+            .prepare_cached(
+                "INSERT INTO handoffs_meta (key, value) VALUES ('application_id', ?1), ('user_version', ?2)",
+            )?
+            .execute([APPLICATION_ID, migrations::LATEST])?;
+        Ok(true)
+    })
+}
+
+/// How a read-only snapshot begins.
+pub const READ_BEGIN: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY";
+
+fn in_transaction<T>(
+    session: &PgSession,
+    begin: &str,
+    f: impl FnOnce(&PgSession) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    session.begin(begin)?;
+    let out = f(session);
+    session.batch(if out.is_ok() { "COMMIT" } else { "ROLLBACK" })?;
     out
 }
 
-fn prepare_in(session: &PgSession, url: &str, create: bool) -> Result<bool, StoreError> {
+/// Whether the database holds our schema at [`migrations::LATEST`]; `false` when it holds no
+/// table at all; an error for anything else (another application's tables, a schema of
+/// another version).
+fn look(session: &PgSession, url: &str) -> Result<bool, StoreError> {
     let conn = Conn::Pg(session);
     let one = |sql: &str| -> Result<i64, StoreError> {
         Ok(conn.prepare_cached(sql)?.query_row([], |r| r.get(0))?)
@@ -76,15 +109,7 @@ fn prepare_in(session: &PgSession, url: &str, create: bool) -> Result<bool, Stor
         if tables > 0 {
             return Err(StoreError::Foreign(PathBuf::from(redacted(url))));
         }
-        if !create {
-            return Err(StoreError::Missing(PathBuf::from(redacted(url))));
-        }
-        session.batch(&SCHEMA.replace("__DDL__", DDL))?;
-        conn.prepare_cached(
-            "INSERT INTO handoffs_meta (key, value) VALUES ('application_id', ?1), ('user_version', ?2)",
-        )?
-        .execute([APPLICATION_ID, migrations::LATEST])?;
-        return Ok(true);
+        return Ok(false);
     }
     let app =
         one("SELECT coalesce(max(value), 0) FROM handoffs_meta WHERE key = 'application_id'")?;
@@ -107,7 +132,7 @@ fn prepare_in(session: &PgSession, url: &str, create: bool) -> Result<bool, Stor
             migrations::LATEST
         )));
     }
-    Ok(false)
+    Ok(true)
 }
 
 /// The tables of schema 13.
@@ -352,3 +377,19 @@ CREATE TABLE agent_tokens (
     expires_at BIGINT
 );
 "#;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_new_migration_needs_its_postgresql_step() {
+        // PostgreSQL databases start at schema 13 (this file's `SCHEMA`). A migration 14
+        // must come with the same change in PostgreSQL's spelling here, applied by
+        // `prepare` to a database at 13: until then this test stops it.
+        assert_eq!(
+            super::migrations::LATEST,
+            13,
+            "migration {} has no PostgreSQL step in store/pg_schema.rs",
+            super::migrations::LATEST
+        );
+    }
+}

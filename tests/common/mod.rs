@@ -811,7 +811,16 @@ pub fn supervisors(db: &Path) -> Vec<i32> {
             .split(|b| *b == 0)
             .map(|a| String::from_utf8_lossy(a).into_owned())
             .collect();
-        if args.iter().any(|a| a == "supervise") && args.contains(&needle) {
+        // On PostgreSQL the database's URL travels in the environment, not the arguments.
+        let ours = if is_postgres(&db) {
+            std::fs::read(entry.path().join("environ")).is_ok_and(|env| {
+                env.split(|b| *b == 0)
+                    .any(|v| v == format!("HANDOFFS_DB={needle}").as_bytes())
+            })
+        } else {
+            args.contains(&needle)
+        };
+        if args.iter().any(|a| a == "supervise") && ours {
             pids.push(pid);
         }
     }

@@ -1,47 +1,95 @@
 //! `handoffs tick`, `run` and `sim`: the engine and the simulation from the command line.
 
-use super::{Cli, Duration, Engine, EngineError, Failure, emit, json, open, out, runtime, usage};
+use super::{
+    Cli, Duration, Engine, EngineError, Failure, Service, emit, json, open, out, runtime, usage,
+};
 
 pub(super) fn engine_cmd(cli: &Cli, interval: Option<Duration>) -> Result<(), Failure> {
-    let mut service = open(cli)?;
-    let mut standing_by = false;
-    let mut engine = match loop {
+    loop {
+        let service = open_or_wait(cli, interval.is_some())?;
         let standby = interval.is_some() && service.is_postgres();
-        match Engine::new(service, interval.is_none()) {
-            // On PostgreSQL a running engine stands by (engines on other machines share the
-            // database): it takes over once the holder's session ends (it stopped, died, or
-            // its machine went away), its lock freed by the server.
-            Err(EngineError::Busy) if standby => {
-                if !standing_by {
+        let service = if standby {
+            stand_by(cli, service)?
+        } else {
+            service
+        };
+        let engine = match Engine::new(service, interval.is_none()) {
+            Ok(e) => e,
+            Err(EngineError::Busy) => {
+                let msg = "another engine is delivering for this database; this pass is skipped";
+                if interval.is_some() {
+                    // A long-running engine that stays away says so where a log catches it.
+                    eprintln!("handoffs: {msg}");
+                }
+                emit(cli, &json!({"skipped": msg}), || msg.to_owned());
+                return Ok(());
+            }
+            Err(e) => {
+                return Err(Failure {
+                    code: 1,
+                    message: e.to_string(),
+                });
+            }
+        };
+        match deliver(cli, engine, interval) {
+            // Its session ended under it: another engine may deliver by now. Stand by again
+            // on a new session (all it knew is read anew from the database).
+            Err(f) if standby && f.message == crate::engine::ENGINE_LOCK_LOST => {
+                eprintln!("handoffs: {}", f.message);
+            }
+            other => return other,
+        }
+    }
+}
+
+/// The database's service; a long-running engine that cannot reach a PostgreSQL server
+/// tries again (every second, saying so once) instead of exiting, so that a server's
+/// restart does not leave a team without its engines.
+fn open_or_wait(cli: &Cli, keep_trying: bool) -> Result<Service, Failure> {
+    let mut said = false;
+    loop {
+        match open(cli) {
+            Err(f) if keep_trying && crate::service::is_postgres_url(&super::db_path(cli)) => {
+                if !said {
+                    eprintln!("handoffs: {}; trying again every second", f.message);
+                    said = true;
+                }
+                std::thread::sleep(std::time::Duration::from_secs(1));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// On PostgreSQL a running engine stands by while another holds the engine lock (engines on
+/// other machines share the database), on one session, and takes the lock once the holder's
+/// session ends (it stopped, was killed, or its machine went away).
+fn stand_by(cli: &Cli, mut service: Service) -> Result<Service, Failure> {
+    let mut said = false;
+    loop {
+        match service.take_engine_lock() {
+            Ok(true) => return Ok(service),
+            Ok(false) => {
+                if !said {
                     tracing::info!(pid = std::process::id(), "standing by");
                     eprintln!(
                         "handoffs: another engine is delivering for this database; standing by to take over when it stops"
                     );
-                    standing_by = true;
+                    said = true;
                 }
                 std::thread::sleep(std::time::Duration::from_secs(1));
-                service = open(cli)?;
             }
-            other => break other,
-        }
-    } {
-        Ok(e) => e,
-        Err(EngineError::Busy) => {
-            let msg = "another engine is delivering for this database; this pass is skipped";
-            if interval.is_some() {
-                // A long-running engine that stays away says so where a log catches it.
-                eprintln!("handoffs: {msg}");
+            Err(e) => {
+                eprintln!("handoffs: {e}; standing by on a new session");
+                std::thread::sleep(std::time::Duration::from_secs(1));
+                service = open_or_wait(cli, true)?;
             }
-            emit(cli, &json!({"skipped": msg}), || msg.to_owned());
-            return Ok(());
         }
-        Err(e) => {
-            return Err(Failure {
-                code: 1,
-                message: e.to_string(),
-            });
-        }
-    };
+    }
+}
+
+/// Runs `engine`: one pass (`tick`), or until stopped (`run`).
+fn deliver(cli: &Cli, mut engine: Engine, interval: Option<Duration>) -> Result<(), Failure> {
     if std::env::var_os("HANDOFFS_POLICY").is_some() {
         // Shorter bounds for tests and drills, e.g. {"sending_timeout_ms": 1000}.
         engine = engine.with_policy(policy_from_env()?);

@@ -1168,10 +1168,16 @@ fn wait_cmd(cli: &Cli, agent: &str, secs: u64, since: i64) -> Result<(), Failure
             message: format!("cannot start the wait: {e}"),
         })?;
     let changes = crate::service::Changes::watch(&db);
+    // Inside a turn (a command's program, with the turn's request id), the turn's message is
+    // known from its run even before the engine has seen the turn start.
+    let turn = std::env::var("HANDOFFS_REQUEST_ID")
+        .ok()
+        .filter(|r| !r.is_empty())
+        .and_then(|r| s.message_of_turn(agent, &r).ok().flatten());
     // One process, one wait: a chain stopped or cancelled since `since` (any time, by
     // default) is news.
     let woken = rt.block_on(crate::service::changes::wait_until(
-        || s.wake_look(agent, None, since),
+        || s.wake_look(agent, turn.as_deref(), since),
         changes.as_ref().map(crate::service::Changes::subscribe),
         tokio::time::Instant::now() + std::time::Duration::from_secs(secs),
         std::future::pending(),
