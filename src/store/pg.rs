@@ -290,11 +290,6 @@ impl PgSession {
         }
     }
 
-    /// The URL this session was opened with.
-    pub fn url(&self) -> &str {
-        &self.url
-    }
-
     /// Runs `f` on the worker and waits for its answer.
     fn call<R: Send + 'static>(
         &self,
