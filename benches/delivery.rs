@@ -145,7 +145,7 @@ fn rss_kb(pid: u32) -> u64 {
 /// `-- --quick` runs the CI guard (the raw commit rates and HTTP to 8 recipients) and fails
 /// when HTTP throughput falls below half its documented ratio to raw durable commits.
 const SECTIONS: &[&str] = &[
-    "raw", "lib", "cli", "argv", "http", "backlog", "latency", "idle", "rss",
+    "raw", "lib", "cli", "argv", "http", "engines", "failover", "backlog", "latency", "idle", "rss",
 ];
 
 /// Half the documented ratio of HTTP deliveries/s (8 recipients) to raw durable (FULL)
@@ -205,6 +205,14 @@ fn main() {
             );
             std::process::exit(1);
         }
+    }
+    if wanted("engines") {
+        for k in [1, 2, 4] {
+            engines(d, &url, k);
+        }
+    }
+    if wanted("failover") {
+        failover(d, &url);
     }
     if wanted("backlog") {
         http(d, &url, 1, 10_000, full_rate);
@@ -381,6 +389,127 @@ fn http(d: &Path, url: &str, recipients: usize, n: usize, full_rate: Option<f64>
         cpu_ms * 1000.0 / n as f64,
     );
     rate
+}
+
+/// A database with a demo sender and `recipients` HTTP recipients at `url`, and `n` handoffs
+/// sent to them round robin (before any engine runs).
+fn backlog(d: &Path, name: &str, url: &str, recipients: usize, n: usize) -> (PathBuf, Service) {
+    let (db, mut s) = fresh(d, name);
+    s.add_agent("lead", Some("demo"), None, None, None, &[])
+        .unwrap();
+    for r in 0..recipients {
+        s.add_agent(
+            &format!("r{r}"),
+            Some("command"),
+            None,
+            None,
+            None,
+            &[("url".into(), serde_json::json!(url))],
+        )
+        .unwrap();
+    }
+    for i in 0..n {
+        s.send(
+            "lead",
+            &format!("r{}", i % recipients),
+            &format!("job {i}"),
+            None,
+            None,
+            None,
+        )
+        .unwrap();
+    }
+    (db, s)
+}
+
+/// Deliveries/s of a backlog of 2,000 to 8 HTTP recipients drained by `k` engines at once
+/// (on SQLite only one delivers: the others find the file's engine lock taken and skip).
+fn engines(d: &Path, url: &str, k: usize) {
+    let n = 2_000;
+    let (db, mut s) = backlog(d, &format!("engines{k}"), url, 8, n);
+    let t0 = Instant::now();
+    let running: Vec<Child> = (0..k).map(|_| engine(&db)).collect();
+    wait_returned(&mut s, n as i64, Duration::from_secs(600));
+    let total = t0.elapsed();
+    let cpu: u64 = running.iter().map(|e| cpu_ticks(e.id())).sum();
+    for e in running {
+        stop(e);
+    }
+    println!(
+        "| deliveries/s, {k} engine(s) at once, backlog of {n} to 8 HTTP recipients (drained in {:.2} s; the engines' CPU {:.0} µs a delivery) | {:.0} |",
+        total.as_secs_f64(),
+        cpu as f64 * 10.0 * 1000.0 / n as f64,
+        n as f64 / total.as_secs_f64()
+    );
+}
+
+/// The recipient leases as stored: recipient, engine, expiry.
+fn leases(s: &mut Service) -> Vec<(String, String, i64)> {
+    s.leases()
+        .unwrap()
+        .into_iter()
+        .map(|l| (l.agent, l.engine, l.expires_at))
+        .collect()
+}
+
+/// Failover after a kill (PostgreSQL): two engines drain a stream to 8 HTTP recipients; one
+/// is SIGKILLed, and the time until every recipient it held is held by the other is taken,
+/// five times.
+fn failover(d: &Path, url: &str) {
+    if postgres().is_none() {
+        println!("| failover after a kill | (PostgreSQL only: HANDOFFS_BENCH_POSTGRES) |");
+        return;
+    }
+    let mut times = Vec::new();
+    for round in 0..5 {
+        let (db, mut s) = backlog(d, &format!("failover{round}"), url, 8, 3_000);
+        let mut a = engine(&db);
+        let b = engine(&db);
+        let pid = a.id().to_string();
+        let of_a = |s: &mut Service| -> Vec<String> {
+            let now = handoffs::store::millis(s.now());
+            leases(s)
+                .into_iter()
+                .filter(|(_, e, x)| e.split('/').nth(1) == Some(pid.as_str()) && *x > now)
+                .map(|(r, _, _)| r)
+                .collect()
+        };
+        let t = Instant::now();
+        while of_a(&mut s).is_empty() {
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "engine a took no lease"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let held = of_a(&mut s);
+        let _ = a.kill();
+        let killed = Instant::now();
+        let _ = a.wait();
+        loop {
+            let now = handoffs::store::millis(s.now());
+            let all = leases(&mut s);
+            let moved = held.iter().all(|r| {
+                all.iter().any(|(x, e, until)| {
+                    x == r && e.split('/').nth(1) != Some(pid.as_str()) && *until > now
+                })
+            });
+            if moved {
+                break;
+            }
+            assert!(killed.elapsed() < Duration::from_secs(60), "no failover");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        times.push(killed.elapsed().as_secs_f64() * 1000.0);
+        stop(b);
+    }
+    times.sort_by(f64::total_cmp);
+    println!(
+        "| failover after a SIGKILL: every recipient the killed engine held taken by the other, median of 5 (max {:.0} ms) | {:.0} ms |",
+        times[times.len() - 1],
+        pct(&times, 0.5)
+    );
 }
 
 /// Latency from send to the adapter's write, idle engine.

@@ -59,10 +59,13 @@ pub enum Plant {
     TokenExpiryIgnored,
     /// An `--allow-host` name reaches the page and its API, not only `/mcp`.
     RemotePageOpen,
+    /// An engine commits steps and writes without checking it still holds the recipient's
+    /// lease (a paused engine that wakes after another took the lease writes anyway).
+    NoFencing,
 }
 
 impl Plant {
-    pub const ALL: [Plant; 21] = [
+    pub const ALL: [Plant; 22] = [
         Plant::EnrolAfterCommit,
         Plant::NoSyncBeforeWrite,
         Plant::ResumeBesideLive,
@@ -84,6 +87,7 @@ impl Plant {
         Plant::RemoteSharedSessions,
         Plant::TokenExpiryIgnored,
         Plant::RemotePageOpen,
+        Plant::NoFencing,
     ];
 
     /// Its name in `HANDOFFS_PLANT`.
@@ -110,6 +114,7 @@ impl Plant {
             Plant::RemoteSharedSessions => "remote_shared_sessions",
             Plant::TokenExpiryIgnored => "token_expiry_ignored",
             Plant::RemotePageOpen => "remote_page_open",
+            Plant::NoFencing => "no_fencing",
         }
     }
 }

@@ -341,7 +341,10 @@ pub async fn start(
             detail: "the agent has neither command nor url".to_owned(),
         };
     };
-    let body = json!({"request_id": w.request_id, "text": w.text, "agent": w.agent.id});
+    let mut body = json!({"request_id": w.request_id, "text": w.text, "agent": w.agent.id});
+    if let Some(fence) = w.fence {
+        body["fence"] = json!(fence);
+    }
     match adapters.http.post(&u, &body, HTTP_TIMEOUT).await {
         Ok(r) if r.is_success() => {
             // 2xx is acceptance of this request id (SPEC §4); a body may name the turn.

@@ -43,6 +43,9 @@ pub struct Write<'a> {
     pub message: &'a MessageRow,
     pub text: &'a str,
     pub request_id: &'a str,
+    /// The fencing token of the engine's lease on the recipient (an HTTP recipient gets it
+    /// as `fence`: a later write never carries a smaller one).
+    pub fence: Option<i64>,
 }
 
 /// The adapters, by provider.

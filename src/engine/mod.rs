@@ -235,6 +235,11 @@ pub struct Engine {
     /// changes it), and when the next reminder falls due.
     housekeeping_seen: i64,
     next_reminder: Option<Millis>,
+    /// Whether this engine holds the engine lock: on SQLite always (one engine per file);
+    /// on PostgreSQL the one engine that runs housekeeping while the others only deliver.
+    leader: bool,
+    /// When the recipient leases were last renewed.
+    last_renewal: Option<Millis>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -259,13 +264,26 @@ pub enum EngineError {
 }
 
 impl Engine {
-    /// Takes the engine lock of the database; `Err(Busy)` when another engine holds it.
+    /// Takes the engine lock of the database. On SQLite `Err(Busy)` when another engine
+    /// holds it; on PostgreSQL several engines deliver at once, each recipient under one
+    /// engine's lease, and the lock's holder alone runs housekeeping (another takes it over
+    /// once the holder's session ends).
     pub fn new(mut service: Service, one_shot: bool) -> Result<Engine, EngineError> {
-        match service.take_engine_lock() {
-            Ok(true) => {}
+        let leader = match service.take_engine_lock() {
+            Ok(true) => true,
+            Ok(false) if service.is_postgres() => false,
             Ok(false) => return Err(EngineError::Busy),
             Err(e) => return Err(EngineError::Io(e.to_string())),
+        };
+        if !service.is_postgres() {
+            service
+                .release_dead_leases()
+                .map_err(|e| EngineError::Io(e.to_string()))?;
         }
+        service.fence_as(service::leases::Fencing::new(
+            &service::leases::this_host(),
+            service::leases::LEASE_MS,
+        ));
         // The engine commits lazily and syncs before each effect instead (group commit).
         service
             .commit_lazily()
@@ -285,7 +303,77 @@ impl Engine {
             last_report: None,
             housekeeping_seen: 0,
             next_reminder: None,
+            leader,
+            last_renewal: None,
         })
+    }
+
+    /// Serves recipients under leases of `lease_ms` instead of [`service::leases::LEASE_MS`]
+    /// (`HANDOFFS_LEASE_MS`: tests and drills of a failover).
+    #[must_use]
+    pub fn with_lease_ms(self, lease_ms: u64) -> Engine {
+        {
+            let mut svc = self.service.borrow_mut();
+            let host = svc
+                .fencing()
+                .map_or_else(service::leases::this_host, |f| f.host.clone());
+            svc.fence_as(service::leases::Fencing::new(&host, lease_ms));
+        }
+        self
+    }
+
+    /// This engine's identity in the lease table.
+    pub fn engine_id(&self) -> String {
+        self.service
+            .borrow()
+            .fencing()
+            .map(|f| f.engine.clone())
+            .unwrap_or_default()
+    }
+
+    /// Renews the leases of the recipients this engine serves, a quarter lease after the
+    /// last renewal, and lets go of those it has not served for half a lease; on PostgreSQL
+    /// an engine that does not run housekeeping tries to take over the engine lock.
+    fn keep_leases(&mut self, busy: &HashSet<String>, report: &mut PassReport) {
+        let now = self.now();
+        let every = self
+            .service
+            .borrow()
+            .fencing()
+            .map_or(u64::MAX, service::leases::Fencing::renew_every);
+        if self.last_renewal.is_some_and(|t| now.since(t) < every) {
+            return;
+        }
+        self.last_renewal = Some(now);
+        if let Err(e) = self
+            .service
+            .borrow_mut()
+            .renew_leases(&|r| busy.contains(r))
+        {
+            report.errors.push(e.to_string());
+        }
+        if !self.leader {
+            match self.service.borrow_mut().take_engine_lock() {
+                Ok(true) => {
+                    tracing::info!("this engine runs housekeeping now");
+                    self.leader = true;
+                }
+                Ok(false) => {}
+                Err(e) => report.errors.push(e.to_string()),
+            }
+        }
+    }
+
+    /// How long `run` may wait at most before renewing its leases (and looking whether a
+    /// lease of another engine expired, to take over its recipients).
+    fn renewal_wait(&self) -> Duration {
+        let every = self
+            .service
+            .borrow()
+            .fencing()
+            .map_or(u64::MAX, service::leases::Fencing::renew_every);
+        let since = self.last_renewal.map_or(every, |t| self.now().since(t));
+        Duration::from_millis(every.saturating_sub(since))
     }
 
     /// Uses `policy` instead of the default (tests and the simulation).
@@ -352,6 +440,11 @@ impl Engine {
         if let Err(e) = sync_all(&self.ctx, &self.service) {
             report.errors.push(e.to_string());
         }
+        if self.ctx.sync_failed.borrow().is_none()
+            && let Err(e) = self.service.borrow_mut().release_all_leases()
+        {
+            report.errors.push(e.to_string());
+        }
         report.took_ms = elapsed_ms(started);
         report.pass_ms_max = report.took_ms;
         let worth_saving = report.moved > 0
@@ -395,6 +488,9 @@ impl Engine {
     /// have changed: another process committed (a send by an older client, a config change),
     /// a reminder fell due, or a minute passed; and at most once a second.
     fn housekeeping_if_due(&mut self, report: &mut PassReport) {
+        if !self.leader {
+            return;
+        }
         let now = self.now();
         let seen = self.service.borrow().data_version().unwrap_or(0);
         let due = match self.last_housekeeping {
@@ -462,11 +558,20 @@ impl Engine {
                 None => groups.push((recipient, vec![id])),
             }
         }
+        // Each recipient is served under this engine's lease on it; one another engine holds
+        // is left to that engine.
+        groups.truncate(cap.saturating_sub(jobs.len()));
+        let wanted: Vec<String> = groups.iter().map(|(r, _)| r.clone()).collect();
+        let held = match self.service.borrow_mut().take_leases(&wanted) {
+            Ok(held) => held,
+            Err(e) => {
+                report.errors.push(e.to_string());
+                return 0;
+            }
+        };
+        groups.retain(|(r, _)| held.contains(r));
         let mut started = 0;
         for (recipient, ids) in groups {
-            if jobs.len() >= cap {
-                break;
-            }
             report.looked_at += ids.len();
             busy.insert(recipient.clone());
             jobs.push(Box::pin(serve(
@@ -573,6 +678,12 @@ async fn serve(
     while let Some(id) = ids.pop_front() {
         if let Err(e) = deliver(&ctx, &svc, &id, &mut report, &mut seen_busy).await {
             report.errors.push(format!("{id}: {e}"));
+            if matches!(e, ServiceError::Fenced(_)) {
+                // Another engine serves this recipient now: this job does nothing more.
+                tracing::warn!(recipient = %recipient, error = %e, "lease lost");
+                svc.borrow_mut().forget_lease(&recipient);
+                break;
+            }
             if ctx.sync_failed.borrow().is_some() {
                 // The engine stops: this job records nothing more.
                 break;
@@ -828,6 +939,17 @@ async fn deliver(
                 if !crate::planted::planted(crate::planted::Plant::NoSyncBeforeWrite) {
                     durable(ctx, svc).await?;
                 }
+                // The lease is still this engine's by its own clock, with its margin: an
+                // engine paused since its reservation (past the lease, which another engine
+                // may have taken) writes nothing; the delivery is left as a crash leaves it.
+                if !crate::planted(crate::Plant::NoFencing) && !svc.borrow().may_write_to(&agent.id)
+                {
+                    let engine = svc.borrow().fencing().map(|f| f.engine.clone());
+                    return Err(service::Service::fenced(
+                        &agent.id,
+                        &engine.unwrap_or_default(),
+                    ));
+                }
                 let mut outcome =
                     write_now(ctx, svc, id, &agent, request_id.as_str(), report).await?;
                 if ctx.policy.planted(model::PlantedBug::RetryUnknownWrite)
@@ -1007,12 +1129,14 @@ async fn write_now(
     let (message, work) = svc.borrow_mut().message_and_work(id)?;
     let text = card::card(&message, work.as_ref());
     let db = svc.borrow().db_path().to_owned();
+    let fence = svc.borrow().fencing().and_then(|f| f.fence_of(&agent.id));
     let write = Write {
         db: &db,
         agent,
         message: &message,
         text: &text,
         request_id,
+        fence,
     };
     report.writes += 1;
     Ok(ctx.adapters.start(svc, &write).await)
@@ -1116,6 +1240,7 @@ impl Engine {
             // Read before looking: a commit by another connection meanwhile is noticed.
             let seen = self.service.borrow().data_version().unwrap_or(0);
             let looked = Instant::now();
+            self.keep_leases(&busy, &mut report);
             self.housekeeping_if_due(&mut report);
             self.dispatch(&mut jobs, &mut busy, &mut report, true, JOBS_MAX);
             report.pass_ms_max = report.pass_ms_max.max(elapsed_ms(looked));
@@ -1147,14 +1272,15 @@ impl Engine {
                 None => interval,
             };
             wait = self.sooner_for_housekeeping(wait, now);
-            // What the loop itself wrote (housekeeping, rests, the report) is committed
-            // before it yields or waits; the jobs' steps whenever they all wait (`flushing`).
-            flush_or_stop(&ctx, &svc);
             if wait.is_zero() && !jobs.is_empty() {
                 // What is due belongs to a recipient whose job is running (or waits for a
                 // free job): look again when a job ends or another process commits.
                 wait = interval;
             }
+            wait = wait.min(self.renewal_wait());
+            // What the loop itself wrote (housekeeping, rests, the report) is committed
+            // before it yields or waits; the jobs' steps whenever they all wait (`flushing`).
+            flush_or_stop(&ctx, &svc);
             if wait.is_zero() {
                 // More is due now: let other tasks run, and look whether we were asked to stop.
                 tokio::task::yield_now().await;
@@ -1265,6 +1391,11 @@ impl Engine {
         // After a failed sync nothing more is committed: `run`'s `Batching` rolls back.
         let synced = sync_all(&self.ctx, &self.service);
         let failed = self.ctx.sync_failed.borrow().is_some();
+        if !failed && jobs.is_empty() {
+            // Another engine may serve these recipients at once (a job cut off mid-step
+            // keeps its lease until it expires, as a crash would).
+            let _ = self.service.borrow_mut().release_all_leases();
+        }
         let off = if failed {
             Ok(())
         } else {

@@ -52,6 +52,7 @@ fn engine_thread(
     stop: CancellationToken,
     failure: Failure,
 ) -> Result<Option<std::thread::JoinHandle<()>>, ServiceError> {
+    let lease_ms = crate::service::leases::lease_ms_from_env().map_err(ServiceError::Usage)?;
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<bool, ServiceError>>();
     let db = db.to_owned();
     let handle = std::thread::Builder::new()
@@ -60,7 +61,7 @@ fn engine_thread(
             let started = Service::open(&db)
                 .map_err(ServiceError::from)
                 .and_then(|service| match Engine::new(service, false) {
-                    Ok(e) => Ok(Some(e)),
+                    Ok(e) => Ok(Some(e.with_lease_ms(lease_ms))),
                     Err(EngineError::Busy) => Ok(None),
                     Err(e) => Err(refused(e.to_string())),
                 });

@@ -46,6 +46,16 @@ impl AgentAdded {
     }
 }
 
+/// Whether `agent`'s adapter runs on the machine it was registered on: a command run as argv,
+/// a Codex app-server, a Claude Code session (an HTTP agent and a demo one live elsewhere).
+fn machine_bound(agent: &AgentRow) -> bool {
+    match agent.provider.as_str() {
+        "command" => agent.settings.get("command").is_some(),
+        "demo" => false,
+        _ => true,
+    }
+}
+
 impl Service {
     pub fn add_agent(
         &mut self,
@@ -119,6 +129,9 @@ impl Service {
                 updated_at: now,
             };
             tx.upsert_agent(&row)?;
+            // An adapter that runs on this machine (a command, Codex, Claude Code) is served
+            // only by an engine on this machine; an HTTP agent or a demo one by any.
+            tx.set_agent_host(id, machine_bound(&row).then(super::leases::this_host).as_deref())?;
             // G1: queued deliveries keep the destination they were queued for.
             let mut changed = Vec::new();
             let mut stranded = 0;

@@ -767,6 +767,7 @@ fn release_in(
         &mut |_, _, _| Ok(None),
         &|_, _, _, _| None,
         now,
+        None,
     )?;
     if done.record.kind() == model::StateKind::Cancelled {
         out.cancelled.push(id.to_owned());

@@ -212,6 +212,7 @@ impl Service {
                     &mut |_, _, _| Ok(None),
                     &|_, _, _, _| None,
                     now,
+                    None,
                 )?;
             }
             let lineage = Lineage {

@@ -62,9 +62,10 @@ impl Service {
         schedule: Schedule<'_>,
     ) -> Result<Committed> {
         let now = self.now();
+        let fencing = self.fencing.as_ref();
         let (committed, by_person, moves) = self
             .store
-            .write(|tx| steps_in(tx, id, policy, events, follow, schedule, now))?;
+            .write(|tx| steps_in(tx, id, policy, events, follow, schedule, now, fencing))?;
         // Said once it is committed: a step rolled back never shows as a move.
         if by_person {
             tracing::info!(
@@ -102,7 +103,11 @@ fn merge(before: Option<Change>, next: Change) -> Change {
 /// The body of [`Service::commit_steps`] inside a transaction the caller holds (a chain's
 /// cancel steps each of its deliveries in one): what was committed, whether a person's
 /// release was among the steps, and the moves to log once the caller's transaction commits.
-#[allow(clippy::type_complexity)]
+///
+/// With `fencing` (an engine's step), the step commits only while the engine still holds the
+/// recipient's lease with the token it took, checked in this transaction; a reservation
+/// records that token.
+#[allow(clippy::type_complexity, clippy::too_many_arguments)]
 pub(super) fn steps_in(
     tx: &Tx<'_>,
     id: &str,
@@ -111,6 +116,7 @@ pub(super) fn steps_in(
     follow: Follow<'_>,
     schedule: Schedule<'_>,
     now: Millis,
+    fencing: Option<&super::leases::Fencing>,
 ) -> Result<(
     Committed,
     bool,
@@ -122,6 +128,17 @@ pub(super) fn steps_in(
     let row = tx
         .delivery(id)?
         .ok_or_else(|| ServiceError::NotFound(format!("no delivery {id}")))?;
+    let fence = match fencing {
+        Some(f) if !crate::planted(crate::Plant::NoFencing) => {
+            let fence = f.fence_of(&row.recipient);
+            match fence {
+                Some(t) if tx.holds_lease(&row.recipient, &f.engine, t)? => fence,
+                _ => return Err(Service::fenced(&row.recipient, &f.engine)),
+            }
+        }
+        Some(f) => f.fence_of(&row.recipient),
+        None => None,
+    };
     let mut record = row.record.clone();
     let mut effects = std::collections::VecDeque::new();
     let mut change: Option<Change> = None;
@@ -191,6 +208,17 @@ pub(super) fn steps_in(
             || (is == model::Class::Terminal && was != model::Class::Terminal));
     let due = schedule(&change, &record, agent.as_ref(), now);
     tx.save_delivery(id, &record, due, millis(now))?;
+    if let Some(fence) = fence
+        && matches!(
+            change,
+            Change::Moved {
+                to: model::StateKind::Sending,
+                ..
+            }
+        )
+    {
+        tx.set_delivery_fence(id, fence)?;
+    }
     super::dead::on_step(tx, id, (&row.record, &record), policy, millis(now))?;
     for (kind, text) in &lines {
         tx.event(millis(now), Some(id), kind, text)?;

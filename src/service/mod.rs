@@ -12,6 +12,7 @@ pub mod config;
 pub mod dead;
 pub mod deliveries;
 pub mod fanout;
+pub mod leases;
 pub mod ledger;
 pub mod messages;
 pub mod pass;
@@ -71,6 +72,9 @@ pub enum ServiceError {
     /// Something that names nothing that exists (exit 1, HTTP 404).
     #[error("{0}")]
     NotFound(String),
+    /// An engine's step or write for a recipient whose lease moved to another engine.
+    #[error("{0}")]
+    Fenced(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -93,6 +97,8 @@ pub struct Service {
     clock: Clock,
     /// The rules this service decides by (only its planted bug is read, in test builds).
     policy: model::Policy,
+    /// An engine's identity and recipient leases (`None` for every other front).
+    fencing: Option<leases::Fencing>,
 }
 
 impl std::fmt::Debug for Service {
@@ -368,6 +374,7 @@ impl Service {
             store,
             clock,
             policy: model::Policy::default(),
+            fencing: None,
         }
     }
 

@@ -169,7 +169,10 @@ impl Service {
     /// Deliveries due at `now` with their recipients: at most `heads` from the head of each
     /// recipient's queue, `limit` in all, active ones first, then the oldest.
     pub fn due(&mut self, now: Millis, heads: i64, limit: i64) -> Result<Vec<(String, String)>> {
-        Ok(self.store.read(|tx| tx.due(millis(now), heads, limit))?)
+        let (engine, host) = self.asker();
+        Ok(self
+            .store
+            .read(|tx| tx.due(millis(now), heads, limit, (&engine, &host)))?)
     }
 
     /// Deliveries of `recipient` due at `now`, at most `heads` from its queue's head.
@@ -181,7 +184,11 @@ impl Service {
 
     /// When the next delivery among the queues' heads falls due, if any.
     pub fn next_due(&mut self, heads: i64) -> Result<Option<i64>> {
-        Ok(self.store.read(|tx| tx.next_due(heads))?)
+        let (engine, host) = self.asker();
+        let now = millis(self.now());
+        Ok(self
+            .store
+            .read(|tx| tx.next_due(heads, now, (&engine, &host)))?)
     }
 
     /// Looks at delivery `id` again at `at` (never, with `None`).

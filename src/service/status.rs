@@ -101,6 +101,8 @@ pub struct Overview {
     /// Deliveries whose stored record cannot be read back, each error naming its row: shown,
     /// never acted on (a person repairs or restores the database).
     pub damaged: Vec<String>,
+    /// Which engine serves which recipient now (the leases that have not expired).
+    pub leases: Vec<crate::store::LeaseRow>,
 }
 
 /// A handoff sent but not yet enrolled by an engine: who to whom, and how it begins.
@@ -318,7 +320,10 @@ impl Service {
                 rows.iter().map(|d| Self::view(tx, d)).collect()
             };
             let report = tx.report()?;
+            let mut leases = tx.leases()?;
+            leases.retain(|l| l.expires_at > now);
             Ok(Overview {
+                leases,
                 queued: views(&[Waiting, Busy])?,
                 in_flight: views(&[Sending, Accepted, Running])?,
                 needs_attention: views(&[Uncertain, Unavailable, Held, OwnerRejected])?,

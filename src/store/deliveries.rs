@@ -80,6 +80,28 @@ macro_rules! pending_recipients {
     };
 }
 
+/// The recipients an engine may not serve: leased by another live engine (unexpired at `?NOW`),
+/// or bound to another machine than the engine's (`?HOST`). Spelled with fixed parameter
+/// numbers by each query below: `?N` now, `?E` the engine, `?H` its host.
+macro_rules! not_elsewhere {
+    ($col:literal, $now:literal, $engine:literal, $host:literal) => {
+        concat!(
+            " AND ",
+            $col,
+            " NOT IN (SELECT agent FROM live_leases WHERE engine <> ",
+            $engine,
+            " AND expires_at > ",
+            $now,
+            ")",
+            " AND ",
+            $col,
+            " NOT IN (SELECT id FROM agents WHERE host IS NOT NULL AND host <> ",
+            $host,
+            ")"
+        )
+    };
+}
+
 /// A recipient's due deliveries other than queued ones (uses `deliveries_recipient_due`).
 pub(super) const DUE_FOR_SQL: &str = concat!(
     "SELECT message_id, CASE class WHEN 'active' THEN 0 ELSE 1 END, seq FROM deliveries
@@ -90,24 +112,28 @@ pub(super) const DUE_FOR_SQL: &str = concat!(
              ORDER BY due_at LIMIT 64"
 );
 
-/// Due deliveries other than queued ones (uses `deliveries_due`).
+/// Due deliveries other than queued ones (uses `deliveries_due`), of recipients the engine
+/// `?3` on host `?4` may serve.
 pub(super) const DUE_SQL: &str = concat!(
     "SELECT message_id, CASE class WHEN 'active' THEN 0 ELSE 1 END, seq, recipient
              FROM deliveries
              WHERE due_at <= ?1 AND due_at IS NOT NULL
                AND state NOT IN ",
     queued!(),
+    not_elsewhere!("recipient", "?1", "?3", "?4"),
     "
              ORDER BY due_at LIMIT ?2"
 );
 
-/// The earliest due time the engine looks at (uses `deliveries_due`).
+/// The earliest due time the engine `?3` on host `?4` looks at, as of `?2` (uses
+/// `deliveries_due`).
 pub(super) const NEXT_DUE_SQL: &str = concat!(
     pending_recipients!(),
     " SELECT min(due_at) FROM (
                SELECT due_at FROM deliveries
                WHERE due_at IS NOT NULL AND state NOT IN ",
     queued!(),
+    not_elsewhere!("recipient", "?2", "?3", "?4"),
     "
                UNION ALL
                SELECT (SELECT min(due_at) FROM (
@@ -117,7 +143,9 @@ pub(super) const NEXT_DUE_SQL: &str = concat!(
     queued!(),
     "
                          ORDER BY d.seq LIMIT ?1) AS head)
-               FROM pending r WHERE r.recipient IS NOT NULL
+               FROM pending r WHERE r.recipient IS NOT NULL",
+    not_elsewhere!("r.recipient", "?2", "?3", "?4"),
+    "
              ) AS due"
 );
 
@@ -285,20 +313,29 @@ impl Tx<'_> {
     /// Due deliveries for one pass, active ones first, then oldest first. Of the deliveries
     /// queued to take a turn (WAITING, BUSY, OWNER_REJECTED) only the oldest few per
     /// recipient are looked at, so a long queue is not re-examined row by row.
-    pub fn due(&self, now: i64, per_recipient: i64, limit: i64) -> Result<Vec<(String, String)>> {
+    /// Recipients leased by another engine than `engine`, or bound to another machine than
+    /// `host`, are left out.
+    pub fn due(
+        &self,
+        now: i64,
+        per_recipient: i64,
+        limit: i64,
+        (engine, host): (&str, &str),
+    ) -> Result<Vec<(String, String)>> {
         let mut out: Vec<(i64, i64, String, String)> = Vec::new();
         let mut others = self.tx.prepare_cached(DUE_SQL)?;
-        for row in others.query_map(params![now, limit], |r| {
+        for row in others.query_map(params![now, limit, engine, host], |r| {
             Ok((r.get(1)?, r.get(2)?, r.get(0)?, r.get(3)?))
         })? {
             out.push(row?);
         }
         let mut recipients = self.tx.prepare_cached(concat!(
             pending_recipients!(),
-            " SELECT recipient FROM pending WHERE recipient IS NOT NULL"
+            " SELECT recipient FROM pending WHERE recipient IS NOT NULL",
+            not_elsewhere!("recipient", "?1", "?2", "?3")
         ))?;
         let recipients: Vec<String> = recipients
-            .query_map([], |r| r.get(0))?
+            .query_map(params![now, engine, host], |r| r.get(0))?
             .collect::<rusqlite::Result<_>>()?;
         let mut heads = self.tx.prepare_cached(concat!(
             "SELECT message_id, seq, due_at FROM deliveries
@@ -329,11 +366,17 @@ impl Tx<'_> {
 
     /// The earliest due time among the deliveries `due` would look at (for the engine's
     /// sleep): queued rows behind the first `per_recipient` of their recipient do not count.
-    pub fn next_due(&self, per_recipient: i64) -> Result<Option<i64>> {
+    /// Recipients `due` leaves out at `now` do not count.
+    pub fn next_due(
+        &self,
+        per_recipient: i64,
+        now: i64,
+        (engine, host): (&str, &str),
+    ) -> Result<Option<i64>> {
         Ok(self
             .tx
             .prepare_cached(NEXT_DUE_SQL)?
-            .query_row([per_recipient], |r| r.get(0))?)
+            .query_row(params![per_recipient, now, engine, host], |r| r.get(0))?)
     }
 
     /// The pending deliveries to `recipient` (queued, busy, held, unavailable, refused once),

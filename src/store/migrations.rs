@@ -3,10 +3,10 @@
 //! does not yet build against rusqlite 0.43, and this is twenty lines.
 
 /// The schema version this build writes.
-pub const LATEST: i64 = 13;
+pub const LATEST: i64 = 14;
 
 /// `STEPS[i]` migrates from version `i` to `i + 1`.
-pub const STEPS: [&str; 13] = [
+pub const STEPS: [&str; 14] = [
     r"
 CREATE TABLE agents (
     id TEXT PRIMARY KEY,
@@ -169,4 +169,7 @@ CREATE INDEX deliveries_recipient_due ON deliveries (recipient, due_at)
     super::fanouts::SCHEMA,
     // 12 → 13: agent tokens (remote MCP over HTTP): each agent's bearer token, as its hash.
     super::tokens::SCHEMA,
+    // 13 → 14: recipient leases with fencing tokens (several engines on one database), the
+    // machine an agent's adapter runs on, and the token each reservation was made under.
+    super::leases::SCHEMA,
 ];

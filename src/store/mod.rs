@@ -23,6 +23,7 @@ mod dead;
 mod deliveries;
 mod events;
 mod fanouts;
+mod leases;
 mod messages;
 mod migrations;
 pub mod pg;
@@ -41,6 +42,7 @@ pub use dead::DeadLetterRow;
 pub use deliveries::{DeliveryRow, QUEUE_HEADS};
 pub use events::{EventRow, TraceRow};
 pub use fanouts::{FanoutChildRow, FanoutRow};
+pub use leases::LeaseRow;
 pub use messages::MessageRow;
 pub use runs::{ChannelRow, PushRow, RunRow};
 pub use tokens::TokenOwner;
@@ -816,6 +818,16 @@ impl Store {
         }
     }
 
+    /// The PostgreSQL server process serving this store's session now (a recipient lease
+    /// names it, so another engine may take the lease as soon as that session is gone);
+    /// `None` on SQLite.
+    pub fn session_pid(&self) -> Option<i64> {
+        match &self.db {
+            Db::Pg { session, .. } => Some(session.backend_pid()),
+            Db::Lite(_) => None,
+        }
+    }
+
     /// Whether this store is a PostgreSQL database.
     pub fn is_postgres(&self) -> bool {
         matches!(self.db, Db::Pg { .. })
@@ -949,6 +961,20 @@ fn migrate(conn: &mut Connection, from: i64) -> Result<()> {
             }
             if target == 11 {
                 migrate_11(&tx)?;
+            }
+            if target == 14 {
+                for (table, column, kind) in leases::COLUMNS_14 {
+                    let present: bool = tx.query_row(
+                        "SELECT count(*) > 0 FROM pragma_table_info(?1) WHERE name = ?2",
+                        [table, column],
+                        |r| r.get(0),
+                    )?;
+                    if !present {
+                        tx.execute_batch(&format!(
+                            "ALTER TABLE {table} ADD COLUMN {column} {kind};"
+                        ))?;
+                    }
+                }
             }
         }
     }

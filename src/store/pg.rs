@@ -368,6 +368,12 @@ impl PgSession {
         .map_err(PgFailure::into_store_error)
     }
 
+    /// The server process of this session now (`pg_backend_pid()`; it changes when the
+    /// session is opened anew).
+    pub fn backend_pid(&self) -> i64 {
+        i64::from(self.pid.load(Ordering::SeqCst))
+    }
+
     /// Whether this session held the engine lock and is gone (the lock went with it).
     pub fn engine_lock_lost(&self) -> bool {
         self.call(|w| Ok(w.engine_lock && w.client.is_closed()))

@@ -1,9 +1,9 @@
-//! The PostgreSQL schema: the tables of SQLite's schema at [`LATEST`](super::migrations::LATEST),
-//! spelled for PostgreSQL (`bigint` for SQLite's integers, identity columns for its
+//! The PostgreSQL schema: the tables of SQLite's schema, spelled for PostgreSQL (`bigint` for SQLite's integers, identity columns for its
 //! `AUTOINCREMENT`, byte order (`COLLATE "C"`) for text as SQLite compares it, and a trigger
 //! function for its three counting triggers), with the version kept in `handoffs_meta`
-//! where SQLite keeps `user_version` and `application_id`. A PostgreSQL database starts at
-//! schema 13; each later migration is a step of both backends. A test checks that both
+//! where SQLite keeps `user_version` and `application_id`. A PostgreSQL database is created at
+//! schema 13 and taken on by `STEPS`, the later migrations of both backends in PostgreSQL's
+//! spelling, applied under the writers' lock by the first process that opens it. A test checks that both
 //! schemas have the same tables and columns.
 
 use super::pg::{PgSession, redacted};
@@ -56,27 +56,82 @@ CREATE TRIGGER deliveries_count_update AFTER UPDATE OF state, attempts, resends 
 /// Checks the database at `url` is ours and current, creating the schema when `create`
 /// and the database holds no tables; whether it created it. The look is a read-only
 /// snapshot (a command, a standby engine, a remote session opening the store never queues
-/// behind the writers); only creating the schema takes the writers' lock, and looks again
-/// under it (another process may have just created it).
+/// behind the writers); only creating or migrating the schema takes the writers' lock, and
+/// looks again under it (another process may have just done it).
 pub fn prepare(session: &PgSession, url: &str, create: bool) -> Result<bool, StoreError> {
-    if in_transaction(session, READ_BEGIN, |s| look(s, url))? {
-        return Ok(false);
+    match in_transaction(session, READ_BEGIN, |s| look(s, url))? {
+        Found::Current => return Ok(false),
+        Found::Empty if !create => return Err(StoreError::Missing(PathBuf::from(redacted(url)))),
+        _ => {}
     }
-    if !create {
-        return Err(StoreError::Missing(PathBuf::from(redacted(url))));
-    }
-    in_transaction(session, WRITE_BEGIN, |s| {
-        if look(s, url)? {
-            return Ok(false);
+    in_transaction(session, WRITE_BEGIN, |s| match look(s, url)? {
+        Found::Current => Ok(false),
+        Found::Behind(version) => {
+            migrate(s, version)?;
+            Ok(false)
         }
-        s.batch(&SCHEMA.replace("__DDL__", DDL))?;
-        Conn::Pg(s)
-            .prepare_cached(
-                "INSERT INTO handoffs_meta (key, value) VALUES ('application_id', ?1), ('user_version', ?2)",
-            )?
-            .execute([APPLICATION_ID, migrations::LATEST])?;
-        Ok(true)
+        Found::Empty if !create => Err(StoreError::Missing(PathBuf::from(redacted(url)))),
+        Found::Empty => {
+            s.batch(&SCHEMA.replace("__DDL__", DDL))?;
+            Conn::Pg(s)
+                .prepare_cached(
+                    "INSERT INTO handoffs_meta (key, value) VALUES ('application_id', ?1), ('user_version', 13)",
+                )?
+                .execute([APPLICATION_ID])?;
+            migrate(s, FIRST)?;
+            Ok(true)
+        }
     })
+}
+
+/// The version [`SCHEMA`] creates; [`STEPS`] take it on from there.
+const FIRST: i64 = 13;
+
+/// `STEPS[i]` migrates a PostgreSQL database from version `FIRST + i` to the next: the same
+/// change as SQLite's migration of that number, in PostgreSQL's spelling.
+const STEPS: [&str; 1] = [
+    // 13 → 14: recipient leases with fencing tokens, each agent's machine, and the token a
+    // delivery's reservation was made under (`store::leases`).
+    r#"
+CREATE TABLE recipient_leases (
+    agent TEXT COLLATE "C" PRIMARY KEY,
+    engine TEXT COLLATE "C" NOT NULL,
+    fence BIGINT NOT NULL,
+    expires_at BIGINT NOT NULL,
+    session BIGINT
+);
+CREATE VIEW live_leases AS
+    SELECT agent, engine, fence, expires_at FROM recipient_leases l
+    WHERE l.session IS NULL OR EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = l.session);
+ALTER TABLE agents ADD COLUMN host TEXT COLLATE "C";
+ALTER TABLE deliveries ADD COLUMN fence BIGINT;
+"#,
+];
+
+/// Applies the steps after `from`, under the writers' lock the caller holds, and records the
+/// version reached.
+fn migrate(session: &PgSession, from: i64) -> Result<(), StoreError> {
+    for (i, sql) in STEPS.iter().enumerate() {
+        let target = FIRST + i64::try_from(i).unwrap_or(i64::MAX) + 1;
+        if target > from {
+            session.batch(sql)?;
+        }
+    }
+    Conn::Pg(session)
+        .prepare_cached("UPDATE handoffs_meta SET value = ?1 WHERE key = 'user_version'")?
+        .execute([migrations::LATEST])?;
+    Ok(())
+}
+
+/// What [`look`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Found {
+    /// No table at all.
+    Empty,
+    /// Our schema at [`migrations::LATEST`].
+    Current,
+    /// Our schema at an earlier version this build migrates.
+    Behind(i64),
 }
 
 /// How a read-only snapshot begins.
@@ -93,10 +148,9 @@ fn in_transaction<T>(
     out
 }
 
-/// Whether the database holds our schema at [`migrations::LATEST`]; `false` when it holds no
-/// table at all; an error for anything else (another application's tables, a schema of
+/// Whether the database holds our schema, current or to migrate, or no table at all; an error for anything else (another application's tables, a schema of
 /// another version).
-fn look(session: &PgSession, url: &str) -> Result<bool, StoreError> {
+fn look(session: &PgSession, url: &str) -> Result<Found, StoreError> {
     let conn = Conn::Pg(session);
     let one = |sql: &str| -> Result<i64, StoreError> {
         Ok(conn.prepare_cached(sql)?.query_row([], |r| r.get(0))?)
@@ -109,7 +163,7 @@ fn look(session: &PgSession, url: &str) -> Result<bool, StoreError> {
         if tables > 0 {
             return Err(StoreError::Foreign(PathBuf::from(redacted(url))));
         }
-        return Ok(false);
+        return Ok(Found::Empty);
     }
     let app =
         one("SELECT coalesce(max(value), 0) FROM handoffs_meta WHERE key = 'application_id'")?;
@@ -125,14 +179,17 @@ fn look(session: &PgSession, url: &str) -> Result<bool, StoreError> {
             known: migrations::LATEST,
         });
     }
-    if version < migrations::LATEST {
+    if version < FIRST {
         return Err(StoreError::Sqlite(format!(
             "{} holds schema {version}, which this build cannot migrate to {}",
             redacted(url),
             migrations::LATEST
         )));
     }
-    Ok(true)
+    if version < migrations::LATEST {
+        return Ok(Found::Behind(version));
+    }
+    Ok(Found::Current)
 }
 
 /// The tables of schema 13.
@@ -382,12 +439,11 @@ CREATE TABLE agent_tokens (
 mod tests {
     #[test]
     fn a_new_migration_needs_its_postgresql_step() {
-        // PostgreSQL databases start at schema 13 (this file's `SCHEMA`). A migration 14
-        // must come with the same change in PostgreSQL's spelling here, applied by
-        // `prepare` to a database at 13: until then this test stops it.
+        // PostgreSQL databases start at schema 13 (this file's `SCHEMA`) and take each later
+        // SQLite migration as a step of `STEPS`, in PostgreSQL's spelling.
         assert_eq!(
+            super::FIRST + i64::try_from(super::STEPS.len()).unwrap(),
             super::migrations::LATEST,
-            13,
             "migration {} has no PostgreSQL step in store/pg_schema.rs",
             super::migrations::LATEST
         );

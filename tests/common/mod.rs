@@ -691,6 +691,12 @@ fn reservation_committed_pg(db: &Path, request_id: &str) -> bool {
 /// returns the URL. With `db`, each POST first looks up its reservation in that database
 /// file and logs `unreserved <request>` when none is committed (G8).
 pub fn http_recipient(log: PathBuf, db: Option<PathBuf>) -> String {
+    http_recipient_taking(log, db, Duration::ZERO)
+}
+
+/// [`http_recipient`] whose every POST takes `delay` before it answers (a recipient that is
+/// slow to accept, so work is still queued when an engine is killed).
+pub fn http_recipient_taking(log: PathBuf, db: Option<PathBuf>, delay: Duration) -> String {
     use std::io::Write as _;
     let log = std::sync::Arc::new(std::sync::Mutex::new(log));
     let seen: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>> =
@@ -704,6 +710,7 @@ pub fn http_recipient(log: PathBuf, db: Option<PathBuf>) -> String {
                 let seen = seen.clone();
                 let db = db.clone();
                 async move {
+                    tokio::time::sleep(delay).await;
                     let req = body["request_id"].as_str().unwrap_or("?").to_owned();
                     let reserved = db
                         .as_deref()

@@ -5,16 +5,12 @@ use super::{
 };
 
 pub(super) fn engine_cmd(cli: &Cli, interval: Option<Duration>) -> Result<(), Failure> {
+    let lease_ms = crate::service::leases::lease_ms_from_env().map_err(usage)?;
     loop {
         let service = open_or_wait(cli, interval.is_some())?;
-        let standby = interval.is_some() && service.is_postgres();
-        let service = if standby {
-            stand_by(cli, service)?
-        } else {
-            service
-        };
+        let again = interval.is_some() && service.is_postgres();
         let engine = match Engine::new(service, interval.is_none()) {
-            Ok(e) => e,
+            Ok(e) => e.with_lease_ms(lease_ms),
             Err(EngineError::Busy) => {
                 let msg = "another engine is delivering for this database; this pass is skipped";
                 if interval.is_some() {
@@ -32,10 +28,11 @@ pub(super) fn engine_cmd(cli: &Cli, interval: Option<Duration>) -> Result<(), Fa
             }
         };
         match deliver(cli, engine, interval) {
-            // Its session ended under it: another engine may deliver by now. Stand by again
-            // on a new session (all it knew is read anew from the database).
-            Err(f) if standby && f.message == crate::engine::ENGINE_LOCK_LOST => {
-                eprintln!("handoffs: {}", f.message);
+            // Its session ended under it, and the engine lock with it: another engine may
+            // run housekeeping by now and take over its recipients once their leases expire.
+            // Start again on a new session (all it knew is read anew from the database).
+            Err(f) if again && f.message == crate::engine::ENGINE_LOCK_LOST => {
+                eprintln!("handoffs: {}; starting again on a new session", f.message);
             }
             other => return other,
         }
@@ -57,33 +54,6 @@ fn open_or_wait(cli: &Cli, keep_trying: bool) -> Result<Service, Failure> {
                 std::thread::sleep(std::time::Duration::from_secs(1));
             }
             other => return other,
-        }
-    }
-}
-
-/// On PostgreSQL a running engine stands by while another holds the engine lock (engines on
-/// other machines share the database), on one session, and takes the lock once the holder's
-/// session ends (it stopped, was killed, or its machine went away).
-fn stand_by(cli: &Cli, mut service: Service) -> Result<Service, Failure> {
-    let mut said = false;
-    loop {
-        match service.take_engine_lock() {
-            Ok(true) => return Ok(service),
-            Ok(false) => {
-                if !said {
-                    tracing::info!(pid = std::process::id(), "standing by");
-                    eprintln!(
-                        "handoffs: another engine is delivering for this database; standing by to take over when it stops"
-                    );
-                    said = true;
-                }
-                std::thread::sleep(std::time::Duration::from_secs(1));
-            }
-            Err(e) => {
-                eprintln!("handoffs: {e}; standing by on a new session");
-                std::thread::sleep(std::time::Duration::from_secs(1));
-                service = open_or_wait(cli, true)?;
-            }
         }
     }
 }

@@ -53,7 +53,10 @@ impl From<StoreError> for Failure {
 pub fn exit_code_of(e: &ServiceError) -> u8 {
     match e {
         ServiceError::Usage(_) => 2,
-        ServiceError::Refused(_) | ServiceError::NotFound(_) | ServiceError::Store(_) => 1,
+        ServiceError::Refused(_)
+        | ServiceError::NotFound(_)
+        | ServiceError::Fenced(_)
+        | ServiceError::Store(_) => 1,
     }
 }
 

@@ -122,6 +122,18 @@ pub(super) fn status(cli: &Cli, id: Option<&str>) -> Result<(), Failure> {
                 o.engine_policy_differs.join(", ")
             ));
         }
+        let mut engines: Vec<(&str, Vec<&str>)> = Vec::new();
+        for l in &o.leases {
+            match engines.iter_mut().find(|(e, _)| *e == l.engine) {
+                Some((_, agents)) => agents.push(&l.agent),
+                None => engines.push((&l.engine, vec![&l.agent])),
+            }
+        }
+        if engines.len() > 1 {
+            for (engine, agents) in engines {
+                out.push_str(&format!("engine {engine} serves {}\n", agents.join(", ")));
+            }
+        }
         out
     });
     Ok(())

@@ -399,7 +399,7 @@ fn service_error(e: &ServiceError) -> Response {
     let status = match e {
         ServiceError::Usage(_) => StatusCode::BAD_REQUEST,
         ServiceError::NotFound(_) => StatusCode::NOT_FOUND,
-        ServiceError::Refused(_) => StatusCode::CONFLICT,
+        ServiceError::Refused(_) | ServiceError::Fenced(_) => StatusCode::CONFLICT,
         ServiceError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
     };
     error(status, e.to_string())

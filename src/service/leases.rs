@@ -1,0 +1,289 @@
+//! An engine's recipient leases (issue 17): which recipients this engine serves now, with
+//! the fencing token of each, and until when it may still act on them by its own clock.
+//!
+//! A lease is taken before the engine steps any delivery of the recipient, renewed while it
+//! serves it, and let go when it stops serving it. Every step the engine commits checks the
+//! token in the step's own transaction (`deliveries::steps_in`), and before each write the
+//! engine checks it still holds the lease by its own clock ([`Service::may_write_to`]): the
+//! lease counts as its own only until a margin before it expires in the database, so an
+//! engine paused past its lease (a stopped process, a frozen VM, a long GC-like stall) finds
+//! it gone when it wakes, whatever it was doing, and writes nothing.
+
+use super::{Result, Service, ServiceError};
+use crate::store::{LeaseRow, millis};
+use model::Millis;
+use std::collections::HashMap;
+
+/// How long a lease lasts unless renewed (`HANDOFFS_LEASE_MS` shortens it for tests).
+pub const LEASE_MS: u64 = 20_000;
+
+/// The shortest and longest lease `HANDOFFS_LEASE_MS` may ask for.
+pub const LEASE_MS_RANGE: std::ops::RangeInclusive<u64> = 1_000..=600_000;
+
+/// This engine's identity and its leases.
+#[derive(Debug)]
+pub struct Fencing {
+    /// Unique to this engine process: its machine, pid and a random part.
+    pub engine: String,
+    /// The machine it runs on (agents bound to another machine are not served here).
+    pub host: String,
+    /// How long a lease lasts unless renewed.
+    pub lease_ms: u64,
+    held: HashMap<String, Held>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    fence: i64,
+    /// Until when this engine may act on the lease by its own clock: a margin before the
+    /// lease expires in the database.
+    until: Millis,
+    /// When a job of this engine last served the recipient.
+    used: Millis,
+}
+
+impl Fencing {
+    /// An engine on `host` with leases of `lease_ms`.
+    pub fn new(host: &str, lease_ms: u64) -> Fencing {
+        let random: u32 = rand::random();
+        Fencing {
+            engine: format!("{host}/{}/{random:08x}", std::process::id()),
+            host: host.to_owned(),
+            lease_ms,
+            held: HashMap::new(),
+        }
+    }
+
+    /// The margin kept before a lease's expiry: a fifth of the lease, at least 500 ms (for
+    /// the time between the check and the write, and clocks a little apart).
+    fn margin(&self) -> u64 {
+        (self.lease_ms / 5).max(500)
+    }
+
+    /// How often the engine renews its leases: four times a lease.
+    pub fn renew_every(&self) -> u64 {
+        self.lease_ms / 4
+    }
+
+    /// The token of the lease this engine holds on `recipient`, if any.
+    pub fn fence_of(&self, recipient: &str) -> Option<i64> {
+        self.held.get(recipient).map(|h| h.fence)
+    }
+}
+
+/// The machine this process runs on: `HANDOFFS_HOST`, else the system's host name.
+pub fn this_host() -> String {
+    if let Ok(host) = std::env::var("HANDOFFS_HOST")
+        && !host.trim().is_empty()
+    {
+        return host.trim().to_owned();
+    }
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned())
+}
+
+/// The lease length asked for by `HANDOFFS_LEASE_MS`, or [`LEASE_MS`].
+///
+/// # Errors
+/// A value that is not a whole number of milliseconds within [`LEASE_MS_RANGE`].
+pub fn lease_ms_from_env() -> std::result::Result<u64, String> {
+    match std::env::var("HANDOFFS_LEASE_MS") {
+        Err(_) => Ok(LEASE_MS),
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(ms) if LEASE_MS_RANGE.contains(&ms) => Ok(ms),
+            _ => Err(format!(
+                "HANDOFFS_LEASE_MS must be a number of milliseconds from {} to {}, not {v:?}",
+                LEASE_MS_RANGE.start(),
+                LEASE_MS_RANGE.end()
+            )),
+        },
+    }
+}
+
+impl Service {
+    /// Makes this service an engine's: it serves recipients under leases (see the module).
+    pub fn fence_as(&mut self, fencing: Fencing) {
+        self.fencing = Some(fencing);
+    }
+
+    /// The engine's identity and its leases, when this service is an engine's.
+    pub fn fencing(&self) -> Option<&Fencing> {
+        self.fencing.as_ref()
+    }
+
+    /// Who asks for due work: the engine and its machine (empty for a service that is not an
+    /// engine's, which then sees no leased recipient as its own).
+    pub(super) fn asker(&self) -> (String, String) {
+        self.fencing.as_ref().map_or_else(
+            || (String::new(), this_host()),
+            |f| (f.engine.clone(), f.host.clone()),
+        )
+    }
+
+    /// Takes the leases of `recipients` this engine does not hold with time to spare, in one
+    /// transaction: the recipients it holds now, in the order given. A recipient another
+    /// engine holds is left out.
+    pub fn take_leases(&mut self, recipients: &[String]) -> Result<Vec<String>> {
+        let Some(fencing) = self.fencing.as_ref() else {
+            return Ok(recipients.to_vec());
+        };
+        let now = self.now();
+        let spare = fencing.lease_ms / 2;
+        let wanted: Vec<&String> = recipients
+            .iter()
+            .filter(|r| {
+                fencing
+                    .held
+                    .get(r.as_str())
+                    .is_none_or(|h| h.until <= now.plus_ms(spare))
+            })
+            .collect();
+        if !wanted.is_empty() {
+            let engine = fencing.engine.clone();
+            let session = self.store.session_pid();
+            let expires = millis(now.plus_ms(fencing.lease_ms));
+            let taken = self.store.write(|tx| {
+                let mut taken = Vec::new();
+                for r in &wanted {
+                    if let Some(fence) =
+                        tx.take_lease(r, (&engine, session), millis(now), expires)?
+                    {
+                        taken.push(((*r).clone(), fence));
+                    }
+                }
+                Ok::<_, crate::store::StoreError>(taken)
+            })?;
+            let fencing = self.fencing.as_mut().expect("checked above");
+            let until = now.plus_ms(fencing.lease_ms - fencing.margin());
+            for r in &wanted {
+                fencing.held.remove(r.as_str());
+            }
+            for (r, fence) in taken {
+                if let Some(before) = self.fencing.as_ref().and_then(|f| f.fence_of(&r))
+                    && before != fence
+                {
+                    tracing::info!(recipient = %r, fence, "recipient lease taken anew");
+                }
+                self.fencing.as_mut().expect("checked above").held.insert(
+                    r,
+                    Held {
+                        fence,
+                        until,
+                        used: now,
+                    },
+                );
+            }
+        }
+        let fencing = self.fencing.as_mut().expect("checked above");
+        Ok(recipients
+            .iter()
+            .filter(|r| match fencing.held.get_mut(r.as_str()) {
+                Some(h) => {
+                    h.used = now;
+                    true
+                }
+                None => false,
+            })
+            .cloned()
+            .collect())
+    }
+
+    /// Renews the leases of recipients this engine served within the last half lease or is
+    /// serving now (`serving`), and lets the others go, in one transaction. A lease found
+    /// gone (taken by another engine after this one was paused) is forgotten.
+    /// An engine that holds no lease writes nothing (an idle engine costs nothing).
+    pub fn renew_leases(&mut self, serving: &dyn Fn(&str) -> bool) -> Result<()> {
+        let Some(fencing) = self.fencing.as_ref().filter(|f| !f.held.is_empty()) else {
+            return Ok(());
+        };
+        let now = self.now();
+        let idle: Vec<String> = fencing
+            .held
+            .iter()
+            .filter(|(r, h)| !serving(r) && now.since(h.used) >= fencing.lease_ms / 2)
+            .map(|(r, _)| r.clone())
+            .collect();
+        let engine = fencing.engine.clone();
+        let session = self.store.session_pid();
+        let expires = millis(now.plus_ms(fencing.lease_ms));
+        let renewed = self.store.write(|tx| {
+            for r in &idle {
+                tx.release_lease(r, &engine)?;
+            }
+            tx.renew_leases((&engine, session), millis(now), expires)
+        })?;
+        let fencing = self.fencing.as_mut().expect("checked above");
+        let until = now.plus_ms(fencing.lease_ms - fencing.margin());
+        let mut kept = HashMap::new();
+        for (r, fence) in renewed {
+            if let Some(h) = fencing.held.get(&r)
+                && h.fence == fence
+            {
+                kept.insert(r, Held { until, ..*h });
+            }
+        }
+        for r in fencing.held.keys() {
+            if !kept.contains_key(r) && !idle.contains(r) {
+                tracing::warn!(recipient = %r, "recipient lease lost: another engine may serve it now");
+            }
+        }
+        fencing.held = kept;
+        Ok(())
+    }
+
+    /// Lets every engine's lease go: for a SQLite engine at its start, which holds the file's
+    /// engine lock, so no engine that held one is alive (its recipients are served at once
+    /// after a crash, not a lease later).
+    pub fn release_dead_leases(&mut self) -> Result<()> {
+        // The method path is not general enough over `Tx`'s lifetime: a closure it is.
+        #[allow(clippy::redundant_closure_for_method_calls)]
+        Ok(self.store.write(|tx| tx.release_all_leases())?)
+    }
+
+    /// Lets every lease of this engine go (an engine that stops): another engine may serve
+    /// its recipients at once instead of after the leases expire.
+    pub fn release_all_leases(&mut self) -> Result<()> {
+        let Some(fencing) = self.fencing.as_mut().filter(|f| !f.held.is_empty()) else {
+            return Ok(());
+        };
+        fencing.held.clear();
+        let engine = fencing.engine.clone();
+        Ok(self.store.write(|tx| tx.release_leases(&engine))?)
+    }
+
+    /// Forgets the lease of `recipient` (a step found it moved to another engine).
+    pub fn forget_lease(&mut self, recipient: &str) {
+        if let Some(f) = self.fencing.as_mut() {
+            f.held.remove(recipient);
+        }
+    }
+
+    /// Whether this engine may write to `recipient` now: it holds the lease and, by its own
+    /// clock, the lease has not come within its margin of expiring. A service that is not an
+    /// engine's may always.
+    pub fn may_write_to(&self, recipient: &str) -> bool {
+        let Some(fencing) = self.fencing.as_ref() else {
+            return true;
+        };
+        let now = self.now();
+        fencing.held.get(recipient).is_some_and(|h| now < h.until)
+    }
+
+    /// Every recipient lease in the database.
+    pub fn leases(&mut self) -> Result<Vec<LeaseRow>> {
+        // The method path is not general enough over `Tx`'s lifetime: a closure it is.
+        #[allow(clippy::redundant_closure_for_method_calls)]
+        Ok(self.store.read(|tx| tx.leases())?)
+    }
+
+    /// The error of a step or write refused because this engine no longer holds the lease.
+    pub fn fenced(recipient: &str, engine: &str) -> ServiceError {
+        ServiceError::Fenced(format!(
+            "engine {engine} no longer holds the lease on {recipient}: another engine serves it now, so this one writes nothing more to it"
+        ))
+    }
+}

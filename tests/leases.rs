@@ -1,0 +1,117 @@
+//! Recipient leases and fencing in process, with an injected clock: two engines' services on
+//! one database. The lease passes only when it expired (or its engine's session is gone),
+//! each pass adds one to its token, and a step or write of the engine that lost it is
+//! refused in the step's own transaction and by the engine's own clock.
+
+use handoffs::service::leases::Fencing;
+use handoffs::service::{Service, ServiceError};
+use handoffs::store::Store;
+use model::{EventKind, Millis, Policy};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+const T0: u64 = 1_800_000_000_000;
+
+/// Engine `name`'s service on the database at `db`, reading the time from `clock`, with
+/// leases of 2 s.
+fn engine_service(db: &std::path::Path, clock: &Arc<AtomicU64>, name: &str) -> Service {
+    let clock = clock.clone();
+    let mut s = Service::with_clock(
+        Store::open(db).unwrap(),
+        Arc::new(move || Millis(clock.load(Ordering::SeqCst))),
+    );
+    s.fence_as(Fencing::new(name, 2_000));
+    s
+}
+
+/// A step of delivery `id` (the time check), committed through the service's one path.
+fn step(s: &mut Service, id: &str) -> Result<(), ServiceError> {
+    s.commit_step(
+        id,
+        &Policy::default(),
+        |_| Ok(EventKind::TimePassed),
+        &|_, _, _, _| None,
+    )
+    .map(drop)
+}
+
+#[test]
+fn a_lease_passes_only_once_expired_and_the_engine_that_lost_it_commits_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("h.sqlite3");
+    let clock = Arc::new(AtomicU64::new(T0));
+    {
+        let (store, _) = Store::init(&db).unwrap();
+        let mut s = Service::new(store);
+        s.add_agent("lead", Some("demo"), None, None, None, &[])
+            .unwrap();
+        s.add_agent("dev", Some("demo"), None, None, None, &[])
+            .unwrap();
+    }
+    let mut a = engine_service(&db, &clock, "machine-a");
+    let mut b = engine_service(&db, &clock, "machine-b");
+    let id = a
+        .send("lead", "dev", "first", None, None, None)
+        .unwrap()
+        .message
+        .id;
+    let dev = vec!["dev".to_owned()];
+
+    assert_eq!(a.take_leases(&dev).unwrap(), dev, "a takes the free lease");
+    assert!(b.take_leases(&dev).unwrap().is_empty(), "b waits for it");
+    assert_eq!(a.fencing().unwrap().fence_of("dev"), Some(1));
+    assert!(a.may_write_to("dev"));
+    step(&mut a, &id).unwrap();
+
+    // A renewal keeps it a's with the same token, for another lease (a's own deadline: a
+    // margin of 500 ms before it expires).
+    clock.fetch_add(1_500, Ordering::SeqCst);
+    a.renew_leases(&|r| r == "dev").unwrap();
+    clock.fetch_add(1_400, Ordering::SeqCst);
+    assert!(
+        b.take_leases(&dev).unwrap().is_empty(),
+        "renewed: still a's"
+    );
+    assert!(a.may_write_to("dev"));
+
+    // a stalls past its lease: by its own clock it may no longer write, and b takes over.
+    clock.fetch_add(2_100, Ordering::SeqCst);
+    assert!(!a.may_write_to("dev"), "a's own deadline passed");
+    assert_eq!(b.take_leases(&dev).unwrap(), dev);
+    assert_eq!(b.fencing().unwrap().fence_of("dev"), Some(2), "one more");
+    step(&mut b, &id).unwrap();
+    match step(&mut a, &id) {
+        Err(ServiceError::Fenced(why)) => assert!(why.contains("no longer holds the lease on dev")),
+        other => panic!("a's step after b took the lease: {other:?}"),
+    }
+    // a's renewal finds the lease gone and forgets it; a cannot take it back while b holds it.
+    a.renew_leases(&|_| true).unwrap();
+    assert_eq!(a.fencing().unwrap().fence_of("dev"), None);
+    assert!(a.take_leases(&dev).unwrap().is_empty());
+
+    // b stops and lets its leases go: a takes the recipient at once, with the next token.
+    b.release_all_leases().unwrap();
+    assert_eq!(a.take_leases(&dev).unwrap(), dev);
+    assert_eq!(a.fencing().unwrap().fence_of("dev"), Some(3));
+    step(&mut a, &id).unwrap();
+}
+
+#[test]
+fn a_service_that_is_no_engine_steps_without_a_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("h.sqlite3");
+    let (store, _) = Store::init(&db).unwrap();
+    let mut s = Service::new(store);
+    s.add_agent("lead", Some("demo"), None, None, None, &[])
+        .unwrap();
+    s.add_agent("dev", Some("demo"), None, None, None, &[])
+        .unwrap();
+    let id = s
+        .send("lead", "dev", "first", None, None, None)
+        .unwrap()
+        .message
+        .id;
+    // A person's release goes through the same commit path and needs no lease.
+    step(&mut s, &id).unwrap();
+    assert!(s.may_write_to("dev"));
+}
