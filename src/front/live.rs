@@ -489,12 +489,15 @@ fn demo_round(svc: &mut Service, next_topic: &mut usize) -> Result<usize, Servic
 }
 
 /// `handoffs demo`: a temporary database, four demo agents, the engine, the page, and a driver
-/// that plays the people. Ctrl+C stops everything and deletes the data.
+/// that plays the people. Ctrl+C stops everything and deletes the data. With `shared` (a
+/// PostgreSQL database) the team plays there instead, created if need be and kept: engines
+/// of other machines deliver beside the demo's own.
 pub fn demo(
     host: &str,
     port: Option<u16>,
     speed: f64,
     public_demo: bool,
+    shared: Option<&Path>,
 ) -> Result<Ended, ServiceError> {
     if !(SPEED_MIN..=SPEED_MAX).contains(&speed) {
         return Err(ServiceError::Usage(format!(
@@ -505,7 +508,7 @@ pub fn demo(
         .prefix("handoffs-demo-")
         .tempdir()
         .map_err(|e| refused(format!("cannot make a temporary folder: {e}")))?;
-    let db: PathBuf = dir.path().join("demo.sqlite3");
+    let db: PathBuf = shared.map_or_else(|| dir.path().join("demo.sqlite3"), Path::to_owned);
     let (mut svc, _) = Service::init(&db)?;
     for (i, (id, name)) in AGENTS.iter().enumerate() {
         // Turns of 4 to 7 seconds at speed 1, so the page shows work in every state.
@@ -556,8 +559,13 @@ pub fn demo(
         |addr| {
             warn_if_public(host, public_demo, false, false);
             let url = url_for(addr, (!public_demo).then_some(token.as_str()), false);
+            let end = if shared.is_some() {
+                "Ctrl+C stops the demo; its team and their work stay in the database"
+            } else {
+                "Ctrl+C stops the demo and deletes its data"
+            };
             announce_lines(&format!(
-                "handoffs demo: open {url}\nfour demo agents (Planner, Engineer, Reviewer, Writer) are handing work around; Ctrl+C stops the demo and deletes its data\n"
+                "handoffs demo: open {url}\nfour demo agents (Planner, Engineer, Reviewer, Writer) are handing work around; {end}\n"
             ));
         },
     );

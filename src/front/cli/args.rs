@@ -210,7 +210,7 @@ pub enum Command {
         limit: i64,
     },
     /// Four simulated agents handing work around on a live page; temporary data, deleted on
-    /// Ctrl+C.
+    /// Ctrl+C (on a PostgreSQL --db, played and kept there).
     Demo {
         /// The port [default: 8765, or a free one when that is taken]; 0: any free one.
         #[arg(long)]

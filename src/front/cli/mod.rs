@@ -242,7 +242,11 @@ pub fn run(cli: &Cli) -> Result<(), Failure> {
             speed,
             public_demo,
         } => {
-            crate::front::live::demo(host, *port, *speed, *public_demo)?;
+            // On a PostgreSQL database the demo plays its team there, beside the engines of
+            // other machines (compose.yaml); otherwise on a temporary SQLite file.
+            let db = db_path(cli);
+            let shared = crate::service::is_postgres_url(&db).then_some(db.as_path());
+            crate::front::live::demo(host, *port, *speed, *public_demo, shared)?;
             Err(Failure {
                 code: crate::front::live::stop_code(),
                 message: String::new(),
