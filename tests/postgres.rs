@@ -583,3 +583,47 @@ fn each_machine_runs_its_own_agents_commands() {
         );
     }
 }
+
+/// `demo` on a PostgreSQL database plays its team there, beside another machine's engine
+/// (compose.yaml's `team`), and keeps it when stopped.
+#[test]
+fn the_demo_plays_its_team_on_a_shared_database_and_keeps_it() {
+    let Some(admin) = common::postgres_or_skip("the demo on a shared database") else {
+        return;
+    };
+    let w = World::on_postgres(&admin);
+    let log = std::fs::File::create(w.dir.path().join("demo.log")).unwrap();
+    let mut demo = common::Engine(
+        w.cmd()
+            .args(["demo", "--port", "0", "--speed", "8"])
+            .env("HANDOFFS_STATE_DIR", w.dir.path().join("team"))
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
+    let state = tempfile::tempdir().unwrap();
+    let _other = engine_with(
+        &w,
+        "a.log",
+        &[
+            ("HANDOFFS_HOST", "machine-a"),
+            ("HANDOFFS_STATE_DIR", state.path().to_str().unwrap()),
+        ],
+    );
+    wait_until(
+        &w,
+        Duration::from_secs(60),
+        "the team's work returned",
+        || w.counts().get("RETURNED").copied().unwrap_or(0) >= 4,
+    );
+    assert!(
+        log_of(&w, "demo.log").contains("its team and their work stay in the database"),
+        "{}",
+        log_of(&w, "demo.log")
+    );
+    kill9(&mut demo);
+    let agents = w.json(&["agent", "list"]);
+    assert_eq!(agents.as_array().map(Vec::len), Some(4), "{agents}");
+    assert!(w.counts().get("RETURNED").copied().unwrap_or(0) >= 4);
+}
