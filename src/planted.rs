@@ -59,13 +59,16 @@ pub enum Plant {
     TokenExpiryIgnored,
     /// An `--allow-host` name reaches the page and its API, not only `/mcp`.
     RemotePageOpen,
-    /// An engine commits steps and writes without checking it still holds the recipient's
-    /// lease (a paused engine that wakes after another took the lease writes anyway).
-    NoFencing,
+    /// An engine commits steps without checking, in the step's transaction, that it still
+    /// holds the recipient's lease (a paused engine that wakes after another took it goes on).
+    NoStepFence,
+    /// An engine writes without checking its own deadline for the recipient's lease (a
+    /// paused engine whose write was issued before the pause writes after another took it).
+    NoWriteFence,
 }
 
 impl Plant {
-    pub const ALL: [Plant; 22] = [
+    pub const ALL: [Plant; 23] = [
         Plant::EnrolAfterCommit,
         Plant::NoSyncBeforeWrite,
         Plant::ResumeBesideLive,
@@ -87,7 +90,8 @@ impl Plant {
         Plant::RemoteSharedSessions,
         Plant::TokenExpiryIgnored,
         Plant::RemotePageOpen,
-        Plant::NoFencing,
+        Plant::NoStepFence,
+        Plant::NoWriteFence,
     ];
 
     /// Its name in `HANDOFFS_PLANT`.
@@ -114,7 +118,8 @@ impl Plant {
             Plant::RemoteSharedSessions => "remote_shared_sessions",
             Plant::TokenExpiryIgnored => "token_expiry_ignored",
             Plant::RemotePageOpen => "remote_page_open",
-            Plant::NoFencing => "no_fencing",
+            Plant::NoStepFence => "no_step_fence",
+            Plant::NoWriteFence => "no_write_fence",
         }
     }
 }

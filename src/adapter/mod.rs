@@ -44,7 +44,8 @@ pub struct Write<'a> {
     pub text: &'a str,
     pub request_id: &'a str,
     /// The fencing token of the engine's lease on the recipient (an HTTP recipient gets it
-    /// as `fence`: a later write never carries a smaller one).
+    /// as `fence`; one that refuses a token smaller than one it saw closes the last window
+    /// of fencing, a pause between the engine's check and the write leaving).
     pub fence: Option<i64>,
 }
 

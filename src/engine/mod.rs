@@ -235,11 +235,15 @@ pub struct Engine {
     /// changes it), and when the next reminder falls due.
     housekeeping_seen: i64,
     next_reminder: Option<Millis>,
-    /// Whether this engine holds the engine lock: on SQLite always (one engine per file);
-    /// on PostgreSQL the one engine that runs housekeeping while the others only deliver.
-    leader: bool,
+    /// A database several engines share (PostgreSQL): housekeeping runs under its lease.
+    shared: bool,
+    /// When this engine last tried to take the housekeeping lease.
+    last_housekeeping_try: Option<Millis>,
     /// When the recipient leases were last renewed.
     last_renewal: Option<Millis>,
+    /// Whether the last look for due work failed (the database refused a read or the
+    /// leases' write): `run` then waits its interval instead of looking again at once.
+    dispatch_failed: bool,
 }
 
 impl std::fmt::Debug for Engine {
@@ -249,10 +253,6 @@ impl std::fmt::Debug for Engine {
             .finish_non_exhaustive()
     }
 }
-
-/// Why a running engine on PostgreSQL stops when its session ended: another engine may hold
-/// the lock by now, so it writes nothing more (`handoffs run` stands by again).
-pub const ENGINE_LOCK_LOST: &str = "the session that held the engine lock is gone, and the lock with it; this engine stops delivering";
 
 /// Why an engine could not start.
 #[derive(Debug, thiserror::Error)]
@@ -264,26 +264,23 @@ pub enum EngineError {
 }
 
 impl Engine {
-    /// Takes the engine lock of the database. On SQLite `Err(Busy)` when another engine
-    /// holds it; on PostgreSQL several engines deliver at once, each recipient under one
-    /// engine's lease, and the lock's holder alone runs housekeeping (another takes it over
-    /// once the holder's session ends).
+    /// Takes the engine lock of a SQLite database (`Err(Busy)` when another engine holds
+    /// it). On PostgreSQL several engines deliver at once, each recipient under one engine's
+    /// lease, and housekeeping under a lease of its own ([`service::leases::HOUSEKEEPING`]).
     pub fn new(mut service: Service, one_shot: bool) -> Result<Engine, EngineError> {
-        let leader = match service.take_engine_lock() {
-            Ok(true) => true,
-            Ok(false) if service.is_postgres() => false,
+        match service.take_engine_lock() {
+            Ok(true) => {}
             Ok(false) => return Err(EngineError::Busy),
             Err(e) => return Err(EngineError::Io(e.to_string())),
-        };
-        if !service.is_postgres() {
-            service
-                .release_dead_leases()
-                .map_err(|e| EngineError::Io(e.to_string()))?;
         }
-        service.fence_as(service::leases::Fencing::new(
-            &service::leases::this_host(),
-            service::leases::LEASE_MS,
-        ));
+        // On SQLite the file's lock already makes this the one engine: no leases, no fences.
+        let shared = service.is_postgres();
+        if shared {
+            service.fence_as(service::leases::Fencing::new(
+                &service::leases::this_host(),
+                service::leases::LEASE_MS,
+            ));
+        }
         // The engine commits lazily and syncs before each effect instead (group commit).
         service
             .commit_lazily()
@@ -303,8 +300,10 @@ impl Engine {
             last_report: None,
             housekeeping_seen: 0,
             next_reminder: None,
-            leader,
+            shared,
+            last_housekeeping_try: None,
             last_renewal: None,
+            dispatch_failed: false,
         })
     }
 
@@ -314,10 +313,9 @@ impl Engine {
     pub fn with_lease_ms(self, lease_ms: u64) -> Engine {
         {
             let mut svc = self.service.borrow_mut();
-            let host = svc
-                .fencing()
-                .map_or_else(service::leases::this_host, |f| f.host.clone());
-            svc.fence_as(service::leases::Fencing::new(&host, lease_ms));
+            if let Some(host) = svc.fencing().map(|f| f.host.clone()) {
+                svc.fence_as(service::leases::Fencing::new(&host, lease_ms));
+            }
         }
         self
     }
@@ -331,9 +329,9 @@ impl Engine {
             .unwrap_or_default()
     }
 
-    /// Renews the leases of the recipients this engine serves, a quarter lease after the
-    /// last renewal, and lets go of those it has not served for half a lease; on PostgreSQL
-    /// an engine that does not run housekeeping tries to take over the engine lock.
+    /// Renews the leases of the recipients this engine serves (and of housekeeping), a
+    /// quarter lease after the last renewal, and lets go of those it has not served for half
+    /// a lease.
     fn keep_leases(&mut self, busy: &HashSet<String>, report: &mut PassReport) {
         let now = self.now();
         let every = self
@@ -348,18 +346,43 @@ impl Engine {
         if let Err(e) = self
             .service
             .borrow_mut()
-            .renew_leases(&|r| busy.contains(r))
+            .renew_leases(&|r| busy.contains(r) || r == service::leases::HOUSEKEEPING)
         {
             report.errors.push(e.to_string());
         }
-        if !self.leader {
-            match self.service.borrow_mut().take_engine_lock() {
-                Ok(true) => {
-                    tracing::info!("this engine runs housekeeping now");
-                    self.leader = true;
-                }
-                Ok(false) => {}
-                Err(e) => report.errors.push(e.to_string()),
+    }
+
+    /// Whether this engine runs housekeeping now: always on SQLite (one engine per file); on
+    /// a shared database while it holds the housekeeping lease, which it tries to take (at
+    /// most once a quarter lease) when no live engine holds it: a paused or dead holder's
+    /// passes to another engine like a recipient's.
+    fn runs_housekeeping(&mut self, report: &mut PassReport) -> bool {
+        const KEY: &str = service::leases::HOUSEKEEPING;
+        if !self.shared || self.service.borrow().may_write_to(KEY) {
+            return true;
+        }
+        let now = self.now();
+        let every = self
+            .service
+            .borrow()
+            .fencing()
+            .map_or(0, service::leases::Fencing::renew_every);
+        if self
+            .last_housekeeping_try
+            .is_some_and(|t| now.since(t) < every)
+        {
+            return false;
+        }
+        self.last_housekeeping_try = Some(now);
+        match self.service.borrow_mut().take_leases(&[KEY.to_owned()]) {
+            Ok(held) if !held.is_empty() => {
+                tracing::info!("this engine runs housekeeping now");
+                true
+            }
+            Ok(_) => false,
+            Err(e) => {
+                report.errors.push(e.to_string());
+                false
             }
         }
     }
@@ -488,7 +511,7 @@ impl Engine {
     /// have changed: another process committed (a send by an older client, a config change),
     /// a reminder fell due, or a minute passed; and at most once a second.
     fn housekeeping_if_due(&mut self, report: &mut PassReport) {
-        if !self.leader {
+        if !self.runs_housekeeping(report) {
             return;
         }
         let now = self.now();
@@ -532,6 +555,7 @@ impl Engine {
         follow: bool,
         cap: usize,
     ) -> usize {
+        self.dispatch_failed = false;
         if self.ctx.sync_failed.borrow().is_some() {
             return 0;
         }
@@ -544,6 +568,7 @@ impl Engine {
             Ok(due) => due,
             Err(e) => {
                 report.errors.push(e.to_string());
+                self.dispatch_failed = true;
                 return 0;
             }
         };
@@ -566,6 +591,7 @@ impl Engine {
             Ok(held) => held,
             Err(e) => {
                 report.errors.push(e.to_string());
+                self.dispatch_failed = true;
                 return 0;
             }
         };
@@ -942,7 +968,13 @@ async fn deliver(
                 // The lease is still this engine's by its own clock, with its margin: an
                 // engine paused since its reservation (past the lease, which another engine
                 // may have taken) writes nothing; the delivery is left as a crash leaves it.
-                if !crate::planted(crate::Plant::NoFencing) && !svc.borrow().may_write_to(&agent.id)
+                crate::adapter::codex::hold_at(
+                    "HANDOFFS_TEST_HOLD_ENGINE_WRITE",
+                    request_id.as_str(),
+                )
+                .await;
+                if !crate::planted(crate::Plant::NoWriteFence)
+                    && !svc.borrow().may_write_to(&agent.id)
                 {
                     let engine = svc.borrow().fencing().map(|f| f.engine.clone());
                     return Err(service::Service::fenced(
@@ -1233,10 +1265,6 @@ impl Engine {
                     db.display()
                 ));
             }
-            if !file && self.service.borrow().engine_lock_lost() {
-                let _ = self.stop(jobs).await;
-                return Err(ENGINE_LOCK_LOST.to_owned());
-            }
             // Read before looking: a commit by another connection meanwhile is noticed.
             let seen = self.service.borrow().data_version().unwrap_or(0);
             let looked = Instant::now();
@@ -1272,9 +1300,10 @@ impl Engine {
                 None => interval,
             };
             wait = self.sooner_for_housekeeping(wait, now);
-            if wait.is_zero() && !jobs.is_empty() {
+            if wait.is_zero() && (!jobs.is_empty() || self.dispatch_failed) {
                 // What is due belongs to a recipient whose job is running (or waits for a
-                // free job): look again when a job ends or another process commits.
+                // free job), or the look for it failed: look again when a job ends, another
+                // process commits, or the interval passed.
                 wait = interval;
             }
             wait = wait.min(self.renewal_wait());

@@ -80,6 +80,7 @@ impl Service {
             check_len("endpoint/cwd", v, 4_096)?;
         }
         let now = millis(self.now());
+        let shared = self.store.is_postgres();
         self.store.write(|tx| {
             let existing = tx.agent(id)?;
             let provider = match (provider, &existing) {
@@ -127,11 +128,9 @@ impl Service {
                 settings: merged,
                 created_at: existing.as_ref().map_or(now, |a| a.created_at),
                 updated_at: now,
+                host: None,
             };
             tx.upsert_agent(&row)?;
-            // An adapter that runs on this machine (a command, Codex, Claude Code) is served
-            // only by an engine on this machine; an HTTP agent or a demo one by any.
-            tx.set_agent_host(id, machine_bound(&row).then(super::leases::this_host).as_deref())?;
             // G1: queued deliveries keep the destination they were queued for.
             let mut changed = Vec::new();
             let mut stranded = 0;
@@ -140,6 +139,20 @@ impl Service {
                 (Some(old), Some(new)) if !old.same_destination(&new) => Some(new),
                 _ => None,
             };
+            // On a database several machines share, an adapter that runs on its machine (a
+            // command, Codex, Claude Code) is served only by an engine on the machine it was
+            // registered on; it stays bound there until its destination changes (an update
+            // from another machine, a changed setting, does not move it).
+            let mut row = row;
+            row.host = if shared && machine_bound(&row) {
+                match &existing {
+                    Some(a) if moved.is_none() && a.host.is_some() => a.host.clone(),
+                    _ => Some(super::leases::this_host()),
+                }
+            } else {
+                None
+            };
+            tx.set_agent_host(id, row.host.as_deref())?;
             if let Some(new) = moved {
                 for d in tx.pending_for(id)? {
                     let c = d.record.core().target().changes(&new);

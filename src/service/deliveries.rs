@@ -62,10 +62,19 @@ impl Service {
         schedule: Schedule<'_>,
     ) -> Result<Committed> {
         let now = self.now();
+        let started = std::time::Instant::now();
         let fencing = self.fencing.as_ref();
         let (committed, by_person, moves) = self
             .store
             .write(|tx| steps_in(tx, id, policy, events, follow, schedule, now, fencing))?;
+        // The step's transaction extended the engine's lease on the recipient.
+        if let Some(f) = self.fencing.as_mut() {
+            f.extended(
+                committed.record.core().target().agent.as_str(),
+                now,
+                started,
+            );
+        }
         // Said once it is committed: a step rolled back never shows as a move.
         if by_person {
             tracing::info!(
@@ -129,10 +138,11 @@ pub(super) fn steps_in(
         .delivery(id)?
         .ok_or_else(|| ServiceError::NotFound(format!("no delivery {id}")))?;
     let fence = match fencing {
-        Some(f) if !crate::planted(crate::Plant::NoFencing) => {
+        Some(f) if !crate::planted(crate::Plant::NoStepFence) => {
             let fence = f.fence_of(&row.recipient);
+            let until = millis(now.plus_ms(f.lease_ms));
             match fence {
-                Some(t) if tx.holds_lease(&row.recipient, &f.engine, t)? => fence,
+                Some(t) if tx.hold_lease(&row.recipient, &f.engine, t, until)? => fence,
                 _ => return Err(Service::fenced(&row.recipient, &f.engine)),
             }
         }

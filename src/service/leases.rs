@@ -13,6 +13,11 @@ use super::{Result, Service, ServiceError};
 use crate::store::{LeaseRow, millis};
 use model::Millis;
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// The lease of housekeeping (enrolment, reminders, fan-out deadlines), which one engine of a
+/// shared database runs at a time: a name no agent can have (`~` is not in an agent id).
+pub const HOUSEKEEPING: &str = "~housekeeping";
 
 /// How long a lease lasts unless renewed (`HANDOFFS_LEASE_MS` shortens it for tests).
 pub const LEASE_MS: u64 = 20_000;
@@ -36,8 +41,10 @@ pub struct Fencing {
 struct Held {
     fence: i64,
     /// Until when this engine may act on the lease by its own clock: a margin before the
-    /// lease expires in the database.
+    /// lease expires in the database ...
     until: Millis,
+    /// ... and the same by the monotonic clock, which no adjustment of the wall clock moves.
+    until_mono: Instant,
     /// When a job of this engine last served the recipient.
     used: Millis,
 }
@@ -69,18 +76,37 @@ impl Fencing {
     pub fn fence_of(&self, recipient: &str) -> Option<i64> {
         self.held.get(recipient).map(|h| h.fence)
     }
+
+    /// This engine's own deadlines for a lease that was taken or extended to `now` plus a
+    /// lease by a statement started at `now` (the service's clock) and `started` (the
+    /// monotonic one).
+    fn deadlines(&self, now: Millis, started: Instant) -> (Millis, Instant) {
+        let keep = self.lease_ms - self.margin();
+        (now.plus_ms(keep), started + Duration::from_millis(keep))
+    }
+
+    /// Records that a committed step extended the lease on `recipient` (see
+    /// `deliveries::steps_in`), from `now` and `started`.
+    pub(super) fn extended(&mut self, recipient: &str, now: Millis, started: Instant) {
+        let (until, until_mono) = self.deadlines(now, started);
+        if let Some(h) = self.held.get_mut(recipient) {
+            h.until = h.until.max(until);
+            h.until_mono = h.until_mono.max(until_mono);
+        }
+    }
 }
 
-/// The machine this process runs on: `HANDOFFS_HOST`, else the system's host name.
+/// The machine this process runs on: `HANDOFFS_HOST`, else the system's host name
+/// (`gethostname`).
 pub fn this_host() -> String {
     if let Ok(host) = std::env::var("HANDOFFS_HOST")
         && !host.trim().is_empty()
     {
         return host.trim().to_owned();
     }
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
+    nix::unistd::gethostname()
         .ok()
-        .or_else(|| std::env::var("HOSTNAME").ok())
+        .and_then(|h| h.into_string().ok())
         .map(|h| h.trim().to_owned())
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "localhost".to_owned())
@@ -132,6 +158,7 @@ impl Service {
             return Ok(recipients.to_vec());
         };
         let now = self.now();
+        let started = Instant::now();
         let spare = fencing.lease_ms / 2;
         let wanted: Vec<&String> = recipients
             .iter()
@@ -144,21 +171,18 @@ impl Service {
             .collect();
         if !wanted.is_empty() {
             let engine = fencing.engine.clone();
-            let session = self.store.session_pid();
             let expires = millis(now.plus_ms(fencing.lease_ms));
             let taken = self.store.write(|tx| {
                 let mut taken = Vec::new();
                 for r in &wanted {
-                    if let Some(fence) =
-                        tx.take_lease(r, (&engine, session), millis(now), expires)?
-                    {
+                    if let Some(fence) = tx.take_lease(r, &engine, millis(now), expires)? {
                         taken.push(((*r).clone(), fence));
                     }
                 }
                 Ok::<_, crate::store::StoreError>(taken)
             })?;
             let fencing = self.fencing.as_mut().expect("checked above");
-            let until = now.plus_ms(fencing.lease_ms - fencing.margin());
+            let (until, until_mono) = fencing.deadlines(now, started);
             for r in &wanted {
                 fencing.held.remove(r.as_str());
             }
@@ -173,6 +197,7 @@ impl Service {
                     Held {
                         fence,
                         until,
+                        until_mono,
                         used: now,
                     },
                 );
@@ -201,6 +226,7 @@ impl Service {
             return Ok(());
         };
         let now = self.now();
+        let started = Instant::now();
         let idle: Vec<String> = fencing
             .held
             .iter()
@@ -208,22 +234,28 @@ impl Service {
             .map(|(r, _)| r.clone())
             .collect();
         let engine = fencing.engine.clone();
-        let session = self.store.session_pid();
         let expires = millis(now.plus_ms(fencing.lease_ms));
         let renewed = self.store.write(|tx| {
             for r in &idle {
                 tx.release_lease(r, &engine)?;
             }
-            tx.renew_leases((&engine, session), millis(now), expires)
+            tx.renew_leases(&engine, millis(now), expires)
         })?;
         let fencing = self.fencing.as_mut().expect("checked above");
-        let until = now.plus_ms(fencing.lease_ms - fencing.margin());
+        let (until, until_mono) = fencing.deadlines(now, started);
         let mut kept = HashMap::new();
         for (r, fence) in renewed {
             if let Some(h) = fencing.held.get(&r)
                 && h.fence == fence
             {
-                kept.insert(r, Held { until, ..*h });
+                kept.insert(
+                    r,
+                    Held {
+                        until,
+                        until_mono,
+                        ..*h
+                    },
+                );
             }
         }
         for r in fencing.held.keys() {
@@ -233,15 +265,6 @@ impl Service {
         }
         fencing.held = kept;
         Ok(())
-    }
-
-    /// Lets every engine's lease go: for a SQLite engine at its start, which holds the file's
-    /// engine lock, so no engine that held one is alive (its recipients are served at once
-    /// after a crash, not a lease later).
-    pub fn release_dead_leases(&mut self) -> Result<()> {
-        // The method path is not general enough over `Tx`'s lifetime: a closure it is.
-        #[allow(clippy::redundant_closure_for_method_calls)]
-        Ok(self.store.write(|tx| tx.release_all_leases())?)
     }
 
     /// Lets every lease of this engine go (an engine that stops): another engine may serve
@@ -263,14 +286,18 @@ impl Service {
     }
 
     /// Whether this engine may write to `recipient` now: it holds the lease and, by its own
-    /// clock, the lease has not come within its margin of expiring. A service that is not an
+    /// clocks (the service's and the monotonic one), the lease has not come within its margin
+    /// of expiring. A service that is not an
     /// engine's may always.
     pub fn may_write_to(&self, recipient: &str) -> bool {
         let Some(fencing) = self.fencing.as_ref() else {
             return true;
         };
         let now = self.now();
-        fencing.held.get(recipient).is_some_and(|h| now < h.until)
+        fencing
+            .held
+            .get(recipient)
+            .is_some_and(|h| now < h.until && Instant::now() < h.until_mono)
     }
 
     /// Every recipient lease in the database.

@@ -100,12 +100,6 @@ impl Service {
         self.store.is_postgres()
     }
 
-    /// Whether the engine lock this service's session held is gone with its session
-    /// (PostgreSQL; never on SQLite, whose lock is a file this process holds).
-    pub fn engine_lock_lost(&self) -> bool {
-        self.store.engine_lock_lost()
-    }
-
     /// Takes the engine lock of the database ([`Store::take_engine_lock`]): `false` when
     /// another engine holds it.
     pub fn take_engine_lock(&mut self) -> std::result::Result<bool, StoreError> {

@@ -13,6 +13,10 @@ pub struct AgentRow {
     pub settings: Value,
     pub created_at: i64,
     pub updated_at: i64,
+    /// The machine whose engine alone serves it (a command, Codex or Claude Code agent on a
+    /// shared PostgreSQL database), if it is bound to one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
 }
 
 impl AgentRow {
@@ -67,11 +71,12 @@ pub(super) fn agent_from(r: &super::sql::Row<'_, '_>) -> rusqlite::Result<AgentR
         settings: serde_json::from_str(&settings).unwrap_or(Value::Null),
         created_at: r.get(6)?,
         updated_at: r.get(7)?,
+        host: r.get(8)?,
     })
 }
 
 pub(super) const AGENT_COLS: &str =
-    "id, name, provider, endpoint, cwd, settings, created_at, updated_at";
+    "id, name, provider, endpoint, cwd, settings, created_at, updated_at, host";
 
 impl Tx<'_> {
     pub fn agent(&self, id: &str) -> Result<Option<AgentRow>> {

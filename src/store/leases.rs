@@ -16,11 +16,11 @@ use super::{OptionalExtension, Result, Tx, params};
 /// 13 → 14: recipient leases; each agent's machine (`agents.host`, for adapters that run
 /// there) and the fencing token a delivery's reservation was made under
 /// (`deliveries.fence`), both added by `Store::migrate` where missing.
-/// `live_leases` holds the leases whose engine may still be alive: on SQLite every lease
-/// (one engine per file, and a new engine holding the file's lock lets the others' leases go
-/// at its start); on PostgreSQL those whose session (`session`, its server process) is still
-/// connected, so a killed engine's recipients are taken over at once, while a paused one's
-/// (its session still open) wait for the lease to expire.
+/// `live_leases` holds the leases whose engine may still be alive: on PostgreSQL those whose
+/// session (`session`, its server process) is still connected, so a killed engine's
+/// recipients are taken over at once, while a paused one's (its session still open) wait for
+/// the lease to expire. SQLite has the table and the view for one schema on both, and no
+/// leases: one engine per file, under the file's lock.
 pub(super) const SCHEMA: &str = r"
 CREATE TABLE IF NOT EXISTS recipient_leases (
     agent TEXT PRIMARY KEY,
@@ -49,17 +49,18 @@ pub struct LeaseRow {
 }
 
 impl Tx<'_> {
-    /// Takes (or keeps) `agent`'s lease for `engine` (on the server session `session`) until
-    /// `expires_at`, if it is free, expired at `now`, its engine's session is gone, or it is
-    /// already `engine`'s: the lease's fencing token, or `None` when another engine holds it.
-    /// The token grows by one whenever the lease passes to another engine.
+    /// Takes (or keeps) `agent`'s lease for `engine` (on this transaction's server session)
+    /// until `expires_at`, if it is free, expired at `now`, its engine's session is gone, or
+    /// it is already `engine`'s: the lease's fencing token, or `None` when another engine
+    /// holds it. The token grows by one whenever the lease passes to another engine.
     pub fn take_lease(
         &self,
         agent: &str,
-        (engine, session): (&str, Option<i64>),
+        engine: &str,
         now: i64,
         expires_at: i64,
     ) -> Result<Option<i64>> {
+        let session = self.tx.session_pid();
         Ok(self
             .row(
                 "INSERT INTO recipient_leases (agent, engine, fence, expires_at, session)
@@ -80,21 +81,15 @@ impl Tx<'_> {
             .optional()?)
     }
 
-    /// Lets every lease go (a SQLite engine at its start: it holds the file's engine lock, so
-    /// no engine that held a lease is alive).
-    pub fn release_all_leases(&self) -> Result<()> {
-        self.exec("UPDATE recipient_leases SET expires_at = 0", [])?;
-        Ok(())
-    }
-
     /// Extends every lease `engine` holds that has not expired at `now` to `expires_at`, under
-    /// its server session now: the recipients and tokens it still holds.
+    /// this transaction's server session: the recipients and tokens it still holds.
     pub fn renew_leases(
         &self,
-        (engine, session): (&str, Option<i64>),
+        engine: &str,
         now: i64,
         expires_at: i64,
     ) -> Result<Vec<(String, i64)>> {
+        let session = self.tx.session_pid();
         let mut st = self.tx.prepare_cached(
             "UPDATE recipient_leases SET expires_at = ?3, session = ?4
              WHERE engine = ?1 AND expires_at > ?2
@@ -124,14 +119,23 @@ impl Tx<'_> {
         Ok(())
     }
 
-    /// Whether `engine` still holds `agent`'s lease with the token `fence` (the fencing check
-    /// of every step an engine commits).
-    pub fn holds_lease(&self, agent: &str, engine: &str, fence: i64) -> Result<bool> {
-        Ok(self.row(
-            "SELECT count(*) FROM recipient_leases WHERE agent = ?1 AND engine = ?2 AND fence = ?3",
-            params![agent, engine, fence],
-            |r| r.get::<i64>(0),
-        )? > 0)
+    /// The fencing check of every step an engine commits: whether `engine` still holds
+    /// `agent`'s lease with the token `fence` (expired or not: nobody took it meanwhile, or
+    /// the token would have grown); if so, the lease is extended to `expires_at` in the same
+    /// transaction, so the step's own commit is the engine's latest renewal.
+    pub fn hold_lease(
+        &self,
+        agent: &str,
+        engine: &str,
+        fence: i64,
+        expires_at: i64,
+    ) -> Result<bool> {
+        let session = self.tx.session_pid();
+        Ok(self.exec(
+            "UPDATE recipient_leases SET expires_at = ?4, session = ?5
+             WHERE agent = ?1 AND engine = ?2 AND fence = ?3",
+            params![agent, engine, fence, expires_at, session],
+        )? == 1)
     }
 
     /// Records the fencing token a delivery's reservation was made under.
@@ -141,18 +145,6 @@ impl Tx<'_> {
             params![id, fence],
         )?;
         Ok(())
-    }
-
-    /// The fencing token delivery `id` was last reserved under, if any.
-    pub fn delivery_fence(&self, id: &str) -> Result<Option<i64>> {
-        Ok(self
-            .row(
-                "SELECT fence FROM deliveries WHERE message_id = ?1",
-                [id],
-                |r| r.get::<Option<i64>>(0),
-            )
-            .optional()?
-            .flatten())
     }
 
     /// Every recipient lease, by recipient.
@@ -178,15 +170,5 @@ impl Tx<'_> {
             params![agent, host],
         )?;
         Ok(())
-    }
-
-    /// The machine an agent's adapter runs on, if it is bound to one.
-    pub fn agent_host(&self, agent: &str) -> Result<Option<String>> {
-        Ok(self
-            .row("SELECT host FROM agents WHERE id = ?1", [agent], |r| {
-                r.get::<Option<String>>(0)
-            })
-            .optional()?
-            .flatten())
     }
 }

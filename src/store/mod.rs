@@ -809,37 +809,17 @@ impl Store {
         }
     }
 
-    /// Whether the engine lock this store's PostgreSQL session held is gone with the
-    /// session (never on SQLite).
-    pub fn engine_lock_lost(&self) -> bool {
-        match &self.db {
-            Db::Pg { session, .. } => session.engine_lock_lost(),
-            Db::Lite(_) => false,
-        }
-    }
-
-    /// The PostgreSQL server process serving this store's session now (a recipient lease
-    /// names it, so another engine may take the lease as soon as that session is gone);
-    /// `None` on SQLite.
-    pub fn session_pid(&self) -> Option<i64> {
-        match &self.db {
-            Db::Pg { session, .. } => Some(session.backend_pid()),
-            Db::Lite(_) => None,
-        }
-    }
-
     /// Whether this store is a PostgreSQL database.
     pub fn is_postgres(&self) -> bool {
         matches!(self.db, Db::Pg { .. })
     }
 
-    /// Takes the engine lock of this database: `false` when another engine holds it. On
-    /// SQLite, a file lock beside the database (one engine per machine and file); on
-    /// PostgreSQL, a session advisory lock (one engine per database across machines, freed
-    /// when its session ends, so a standby engine takes over once the holder is gone).
+    /// Takes the engine lock of this SQLite database, a file lock beside it (one engine per
+    /// file): `false` when another engine holds it. A PostgreSQL database has none: its
+    /// engines share it by recipient leases, and always get `true`.
     pub fn take_engine_lock(&mut self) -> Result<bool> {
-        if let Db::Pg { session, .. } = &self.db {
-            return session.take_engine_lock(pg_schema::TRY_ENGINE_LOCK);
+        if self.is_postgres() {
+            return Ok(true);
         }
         let path = sibling(&self.path, ".engine");
         let mut options = std::fs::File::options();

@@ -162,9 +162,6 @@ struct Worker {
     statements: HashMap<String, Statement>,
     /// This session's backend process (the listener does not count its notifications).
     pid: Arc<AtomicI32>,
-    /// This session holds the engine lock: it is never opened anew, since a new session
-    /// would not hold it (another engine may have taken it meanwhile).
-    engine_lock: bool,
 }
 
 /// What the listening session has heard.
@@ -265,7 +262,6 @@ impl PgSession {
                     client,
                     statements: HashMap::new(),
                     pid: worker_pid,
-                    engine_lock: false,
                 };
                 while let Ok(job) = inbox.recv() {
                     job(&mut worker);
@@ -346,13 +342,6 @@ impl PgSession {
         let sql = sql.to_owned();
         self.call(move |w| {
             if w.client.is_closed() {
-                if w.engine_lock {
-                    return Err(PgFailure {
-                        code: None,
-                        closed: true,
-                        message: "the session that held the engine lock is gone, and the lock with it; this engine writes nothing more (another engine takes over)".to_owned(),
-                    });
-                }
                 w.client = connect(&w.url)?;
                 w.pid.store(backend_pid(&mut w.client)?, Ordering::SeqCst);
                 w.statements.clear();
@@ -372,28 +361,6 @@ impl PgSession {
     /// session is opened anew).
     pub fn backend_pid(&self) -> i64 {
         i64::from(self.pid.load(Ordering::SeqCst))
-    }
-
-    /// Whether this session held the engine lock and is gone (the lock went with it).
-    pub fn engine_lock_lost(&self) -> bool {
-        self.call(|w| Ok(w.engine_lock && w.client.is_closed()))
-            .unwrap_or(true)
-    }
-
-    /// Takes the engine lock (a session advisory lock) if it is free; whether it did. A
-    /// session that holds it is never opened anew ([`PgSession::begin`] fails instead).
-    pub fn take_engine_lock(&self, sql: &str) -> Result<bool, StoreError> {
-        let sql = sql.to_owned();
-        self.call(move |w| {
-            let got: bool = w
-                .client
-                .query_one(sql.as_str(), &[])
-                .and_then(|r| r.try_get(0))
-                .map_err(|e| PgFailure::of(&e))?;
-            w.engine_lock |= got;
-            Ok(got)
-        })
-        .map_err(PgFailure::into_store_error)
     }
 
     /// How many commits other sessions have announced on [`CHANNEL`] since this session

@@ -21,9 +21,6 @@ pub const WRITE_BEGIN: &str =
 /// for work) that something changed.
 pub const WRITE_COMMIT: &str = "NOTIFY handoffs; COMMIT";
 
-/// The engine lock: a session advisory lock, held until the engine's session ends.
-pub const TRY_ENGINE_LOCK: &str = "SELECT pg_try_advisory_lock(1213089862, 2)";
-
 /// The schema at version 13.
 pub const SCHEMA: &str = r#"
 CREATE TABLE handoffs_meta (

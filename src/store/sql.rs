@@ -247,6 +247,15 @@ impl<'a> Conn<'a> {
     pub fn is_pg(&self) -> bool {
         matches!(self, Conn::Pg(_))
     }
+
+    /// The PostgreSQL server process of this session, as of the transaction running now
+    /// (a session opened anew at its `BEGIN` has a new one); `None` on SQLite.
+    pub fn session_pid(&self) -> Option<i64> {
+        match self {
+            Conn::Pg(s) => Some(s.backend_pid()),
+            Conn::Lite(_) => None,
+        }
+    }
 }
 
 /// A prepared statement, on either backend.

@@ -565,6 +565,8 @@ impl World {
                     }
                 }
                 ["missing-text", req] => panic!("run {req} had no text file"),
+                // The lease token an HTTP write carried (tests/postgres.rs reads them).
+                ["fence", _, _] => {}
                 ["unreserved", req] => panic!(
                     "G8: request {req} reached the recipient before its reservation was committed"
                 ),
@@ -732,6 +734,9 @@ pub fn http_recipient_taking(log: PathBuf, db: Option<PathBuf>, delay: Duration)
                     let mut text = String::new();
                     if !reserved {
                         text.push_str(&format!("unreserved {req}\n"));
+                    }
+                    if let Some(fence) = body["fence"].as_i64() {
+                        text.push_str(&format!("fence {agent} {fence}\n"));
                     }
                     text.push_str(&format!(
                         "start {req} {ns} {agent}\nend {req} {ns} {agent}\n"

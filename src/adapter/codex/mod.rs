@@ -119,9 +119,10 @@ pub fn lock_holders_checked(path: &Path) -> Result<Vec<i32>, String> {
     let id = format!("{major:02x}:{minor:02x}:{}", meta.ino());
     // The kernel writes /proc/locks a page per read, walking its lock list by position: a
     // lock taken or released elsewhere between two pages (SQLite does so all the time) can
-    // shift the list and skip a line (or show one twice). A holder is never invented, only missed, so a look
-    // that finds nobody is read again, up to five times in all.
-    for _ in 0..5 {
+    // shift the list and skip a line (or show one twice). A holder is never invented, only
+    // missed, so a look that finds nobody is read again, up to 20 times in all (five missed
+    // a held lock once in 500 looks under four threads' churn, in CI).
+    for _ in 0..20 {
         let locks = std::fs::read_to_string("/proc/locks")
             .map_err(|e| format!("cannot read /proc/locks: {e}"))?;
         let pids = holders_in(&locks, &id);
@@ -416,7 +417,11 @@ pub(crate) async fn hold_before_open(request_id: &str) {
     hold_at("HANDOFFS_TEST_HOLD_OPEN", request_id).await;
 }
 
-async fn hold_at(var: &str, request_id: &str) {
+/// Test builds only (`planted-bugs`): with `var=DIR` set, says `DIR/ready` (holding
+/// `request_id`) and waits for `DIR/go`, at most a minute. Elsewhere: nothing.
+/// `HANDOFFS_TEST_HOLD_ENGINE_WRITE` holds the engine between the commit that issued a write
+/// and its lease check before the write.
+pub(crate) async fn hold_at(var: &str, request_id: &str) {
     if !cfg!(feature = "planted-bugs") {
         return;
     }

@@ -28,11 +28,13 @@ pub(super) fn engine_cmd(cli: &Cli, interval: Option<Duration>) -> Result<(), Fa
             }
         };
         match deliver(cli, engine, interval) {
-            // Its session ended under it, and the engine lock with it: another engine may
-            // run housekeeping by now and take over its recipients once their leases expire.
-            // Start again on a new session (all it knew is read anew from the database).
-            Err(f) if again && f.message == crate::engine::ENGINE_LOCK_LOST => {
+            // On PostgreSQL an engine that failed (its session ended under it and took a
+            // batch's commit with it, the server restarted) starts again on a new session
+            // after a second: what it did not commit it never acted on, and its old leases
+            // pass to whichever engine looks first once their session is gone.
+            Err(f) if again && f.code == 1 => {
                 eprintln!("handoffs: {}; starting again on a new session", f.message);
+                std::thread::sleep(std::time::Duration::from_secs(1));
             }
             other => return other,
         }

@@ -447,7 +447,16 @@ fn agent(cli: &Cli, cmd: &AgentCmd) -> Result<(), Failure> {
                 }
                 agents
                     .iter()
-                    .map(|a| format!("{}  {}  {}  {}", a.id, a.provider, a.endpoint, a.settings))
+                    .map(|a| {
+                        let host = a
+                            .host
+                            .as_ref()
+                            .map_or_else(String::new, |h| format!("  (on {h})"));
+                        format!(
+                            "{}  {}  {}  {}{host}",
+                            a.id, a.provider, a.endpoint, a.settings
+                        )
+                    })
                     .collect::<Vec<_>>()
                     .join("\n")
             });
