@@ -239,7 +239,7 @@ impl Service {
             for r in &idle {
                 tx.release_lease(r, &engine)?;
             }
-            tx.renew_leases(&engine, millis(now), expires)
+            tx.renew_leases(&engine, expires)
         })?;
         let fencing = self.fencing.as_mut().expect("checked above");
         let (until, until_mono) = fencing.deadlines(now, started);

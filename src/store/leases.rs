@@ -81,21 +81,18 @@ impl Tx<'_> {
             .optional()?)
     }
 
-    /// Extends every lease `engine` holds that has not expired at `now` to `expires_at`, under
-    /// this transaction's server session: the recipients and tokens it still holds.
-    pub fn renew_leases(
-        &self,
-        engine: &str,
-        now: i64,
-        expires_at: i64,
-    ) -> Result<Vec<(String, i64)>> {
+    /// Extends every lease `engine` holds to `expires_at`, under this transaction's server
+    /// session: the recipients and tokens it still holds. A lease that expired with nobody
+    /// taking it is still `engine`'s (taking it would have named another engine); one it let
+    /// go (`expires_at` 0) is not renewed.
+    pub fn renew_leases(&self, engine: &str, expires_at: i64) -> Result<Vec<(String, i64)>> {
         let session = self.tx.session_pid();
         let mut st = self.tx.prepare_cached(
-            "UPDATE recipient_leases SET expires_at = ?3, session = ?4
-             WHERE engine = ?1 AND expires_at > ?2
+            "UPDATE recipient_leases SET expires_at = ?2, session = ?3
+             WHERE engine = ?1 AND expires_at > 0
              RETURNING agent, fence",
         )?;
-        let rows = st.query_map(params![engine, now, expires_at, session], |r| {
+        let rows = st.query_map(params![engine, expires_at, session], |r| {
             Ok((r.get::<String>(0)?, r.get::<i64>(1)?))
         })?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)

@@ -140,7 +140,7 @@ pub struct Store {
     /// The engine's steps share one open write transaction ([`Store::batch_steps`]).
     batch: Batch,
     /// The engine lock, once taken ([`Store::take_engine_lock`]): a locked file beside a
-    /// SQLite database; PostgreSQL's is a session advisory lock.
+    /// SQLite database (PostgreSQL has none: its engines share it by recipient leases).
     engine_lock: Option<std::fs::File>,
 }
 

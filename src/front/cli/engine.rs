@@ -6,6 +6,7 @@ use super::{
 
 pub(super) fn engine_cmd(cli: &Cli, interval: Option<Duration>) -> Result<(), Failure> {
     let lease_ms = crate::service::leases::lease_ms_from_env().map_err(usage)?;
+    let mut pause = std::time::Duration::from_millis(500);
     loop {
         let service = open_or_wait(cli, interval.is_some())?;
         let again = interval.is_some() && service.is_postgres();
@@ -27,19 +28,35 @@ pub(super) fn engine_cmd(cli: &Cli, interval: Option<Duration>) -> Result<(), Fa
                 });
             }
         };
+        let started = std::time::Instant::now();
         match deliver(cli, engine, interval) {
             // On PostgreSQL an engine that failed (its session ended under it and took a
-            // batch's commit with it, the server restarted) starts again on a new session
-            // after a second: what it did not commit it never acted on, and its old leases
-            // pass to whichever engine looks first once their session is gone.
+            // batch's commit with it, the server restarted) starts again on a new session:
+            // what it did not commit it never acted on, and its old leases pass to whichever
+            // engine looks first once their session is gone. It waits a second, twice as long
+            // after each failure that came within a minute of its start (up to a minute), so
+            // a failure that persists (a read-only server) is said once a minute, not looped.
             Err(f) if again && f.code == 1 => {
-                eprintln!("handoffs: {}; starting again on a new session", f.message);
-                std::thread::sleep(std::time::Duration::from_secs(1));
+                pause = if started.elapsed() >= RESTART_CALM {
+                    std::time::Duration::from_secs(1)
+                } else {
+                    (pause * 2).min(RESTART_CALM)
+                };
+                eprintln!(
+                    "handoffs: {}; starting again on a new session in {} s",
+                    f.message,
+                    pause.as_secs()
+                );
+                std::thread::sleep(pause);
             }
             other => return other,
         }
     }
 }
+
+/// An engine on PostgreSQL that ran this long before it failed starts again after a second;
+/// one that failed sooner waits twice as long as the last time, up to this.
+const RESTART_CALM: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// The database's service; a long-running engine that cannot reach a PostgreSQL server
 /// tries again (every second, saying so once) instead of exiting, so that a server's
@@ -94,12 +111,18 @@ fn deliver(cli: &Cli, mut engine: Engine, interval: Option<Duration>) -> Result<
             let stopped_by = std::sync::Arc::new(std::sync::atomic::AtomicU8::new(0));
             let code = stopped_by.clone();
             tracing::info!(pid = std::process::id(), "engine started");
-            rt.block_on(engine.run(interval, async move {
+            let ran = rt.block_on(engine.run(interval, async move {
                 let signal = crate::front::live::stop_signal(false).await;
                 code.store(signal, std::sync::atomic::Ordering::SeqCst);
-            }))
-            .map_err(|message| Failure { code: 1, message })?;
-            match stopped_by.load(std::sync::atomic::Ordering::SeqCst) {
+            }));
+            // Asked to stop: it stops, whatever its last flush said.
+            let signal = stopped_by.load(std::sync::atomic::Ordering::SeqCst);
+            if signal == 0 {
+                ran.map_err(|message| Failure { code: 1, message })?;
+            } else if let Err(e) = ran {
+                eprintln!("handoffs: {e}");
+            }
+            match signal {
                 0 => Ok(()),
                 code => Err(Failure {
                     code,

@@ -123,7 +123,7 @@ pub(super) fn status(cli: &Cli, id: Option<&str>) -> Result<(), Failure> {
             ));
         }
         let mut engines: Vec<(&str, Vec<&str>)> = Vec::new();
-        for l in &o.leases {
+        for l in o.leases.iter().filter(|l| !l.agent.starts_with('~')) {
             match engines.iter_mut().find(|(e, _)| *e == l.engine) {
                 Some((_, agents)) => agents.push(&l.agent),
                 None => engines.push((&l.engine, vec![&l.agent])),
