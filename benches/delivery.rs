@@ -348,31 +348,7 @@ fn argv(d: &Path) {
 /// Deliveries end to end, HTTP mode against a local no-op server: a backlog of `n` to
 /// `recipients`, drained by a fresh engine. Returns deliveries/s.
 fn http(d: &Path, url: &str, recipients: usize, n: usize, full_rate: Option<f64>) -> f64 {
-    let (db, mut s) = fresh(d, &format!("http{recipients}-{n}"));
-    s.add_agent("lead", Some("demo"), None, None, None, &[])
-        .unwrap();
-    for r in 0..recipients {
-        s.add_agent(
-            &format!("r{r}"),
-            Some("command"),
-            None,
-            None,
-            None,
-            &[("url".into(), serde_json::json!(url))],
-        )
-        .unwrap();
-    }
-    for i in 0..n {
-        s.send(
-            "lead",
-            &format!("r{}", i % recipients),
-            &format!("job {i}"),
-            None,
-            None,
-            None,
-        )
-        .unwrap();
-    }
+    let (db, mut s) = backlog(d, &format!("http{recipients}-{n}"), url, recipients, n);
     let t0 = Instant::now();
     let e = engine(&db);
     wait_returned(&mut s, n as i64, Duration::from_secs(300));
