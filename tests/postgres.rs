@@ -387,48 +387,32 @@ fn a_paused_engine_writes_nothing_after_its_lease_moved() {
     w.ok(&["agent", "add", "lead", "--provider", "demo"]);
     let paused = Arc::new(AtomicU32::new(0));
     let looks = Arc::new(AtomicUsize::new(0));
-    let posts: Arc<std::sync::Mutex<Vec<serde_json::Value>>> = Arc::default();
-    let (p, l, written) = (paused.clone(), looks.clone(), posts.clone());
-    let app = axum::Router::new()
-        .route(
-            "/",
-            axum::routing::post(move |body: axum::Json<serde_json::Value>| {
-                let written = written.clone();
-                async move {
-                    written.lock().unwrap().push(body.0);
-                    "{}"
-                }
-            }),
-        )
-        .route(
-            "/activity",
-            axum::routing::get(move || {
-                let (p, l) = (p.clone(), l.clone());
-                async move {
-                    // Engine a's first look lets it reserve; at its second (the send
-                    // boundary's) it is paused before it hears "idle". Every later look (engine
-                    // b's) finds the session busy, so b writes nothing either.
-                    match l.fetch_add(1, Ordering::SeqCst) {
-                        0 => r#"{"status":"idle"}"#,
-                        1 => {
-                            let pid = p.load(Ordering::SeqCst);
-                            nix::sys::signal::kill(
-                                nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap()),
-                                nix::sys::signal::Signal::SIGSTOP,
-                            )
-                            .unwrap();
-                            r#"{"status":"idle"}"#
-                        }
-                        _ => r#"{"status":"busy"}"#,
+    let (p, l) = (paused.clone(), looks.clone());
+    let activity = axum::Router::new().route(
+        "/activity",
+        axum::routing::get(move || {
+            let (p, l) = (p.clone(), l.clone());
+            async move {
+                // Engine a's first look lets it reserve; at its second (the send
+                // boundary's) it is paused before it hears "idle". Every later look (engine
+                // b's) finds the session busy, so b writes nothing either.
+                match l.fetch_add(1, Ordering::SeqCst) {
+                    0 => r#"{"status":"idle"}"#,
+                    1 => {
+                        let pid = p.load(Ordering::SeqCst);
+                        nix::sys::signal::kill(
+                            nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap()),
+                            nix::sys::signal::Signal::SIGSTOP,
+                        )
+                        .unwrap();
+                        r#"{"status":"idle"}"#
                     }
+                    _ => r#"{"status":"busy"}"#,
                 }
-            }),
-        )
-        .route(
-            "/status/{request_id}",
-            axum::routing::get(|| async { (axum::http::StatusCode::NOT_FOUND, "{}") }),
-        );
-    let url = common::serve(app);
+            }
+        }),
+    );
+    let (url, posts) = recording_recipient(activity);
     w.ok(&[
         "agent",
         "add",
@@ -537,9 +521,11 @@ fn a_paused_engine_writes_nothing_after_its_lease_moved() {
     kill9(&mut a);
 }
 
-/// A recipient that records every POST (its body), and knows of no earlier write; its URL.
-#[cfg(feature = "planted-bugs")]
-fn recording_recipient() -> (
+/// A recipient that records every POST (its body), knows of no earlier write, and answers
+/// `extra`'s routes besides; its URL and what it recorded.
+fn recording_recipient(
+    extra: axum::Router,
+) -> (
     String,
     std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>>,
 ) {
@@ -559,7 +545,8 @@ fn recording_recipient() -> (
         .route(
             "/status/{request_id}",
             axum::routing::get(|| async { (axum::http::StatusCode::NOT_FOUND, "{}") }),
-        );
+        )
+        .merge(extra);
     (common::serve(app), posts)
 }
 
@@ -578,7 +565,7 @@ fn a_paused_engine_whose_write_was_issued_writes_nothing_after_its_lease_moved()
     let _one_at_a_time = timing();
     let w = World::on_postgres(&admin);
     w.ok(&["agent", "add", "lead", "--provider", "demo"]);
-    let (url, posts) = recording_recipient();
+    let (url, posts) = recording_recipient(axum::Router::new());
     w.register_http_agent("dev", &url);
     let hold = tempfile::tempdir().unwrap();
     let env = [("HANDOFFS_LEASE_MS", "2000"), ("HANDOFFS_POLICY", "{}")];

@@ -944,16 +944,7 @@ fn migrate(conn: &mut Connection, from: i64) -> Result<()> {
             }
             if target == 14 {
                 for (table, column, kind) in leases::COLUMNS_14 {
-                    let present: bool = tx.query_row(
-                        "SELECT count(*) > 0 FROM pragma_table_info(?1) WHERE name = ?2",
-                        [table, column],
-                        |r| r.get(0),
-                    )?;
-                    if !present {
-                        tx.execute_batch(&format!(
-                            "ALTER TABLE {table} ADD COLUMN {column} {kind};"
-                        ))?;
-                    }
+                    add_column_if_missing(&tx, table, column, kind)?;
                 }
             }
         }
@@ -966,22 +957,32 @@ fn migrate(conn: &mut Connection, from: i64) -> Result<()> {
     Ok(())
 }
 
+/// Adds `column` (of type `kind`) to `table` unless it is there (a migration re-run over a
+/// schema that already has it).
+fn add_column_if_missing(
+    tx: &rusqlite::Transaction<'_>,
+    table: &str,
+    column: &str,
+    kind: &str,
+) -> Result<()> {
+    let present: bool = tx.query_row(
+        "SELECT count(*) > 0 FROM pragma_table_info(?1) WHERE name = ?2",
+        [table, column],
+        |r| r.get(0),
+    )?;
+    if !present {
+        tx.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {kind};"))?;
+    }
+    Ok(())
+}
+
 /// Schema 7: each delivery's attempts and resends as columns, and the page's counts kept by
 /// triggers (`delivery_counts`, counted afresh from the rows), so a snapshot costs the same
 /// however many deliveries there are; the newest of a state straight from an index. Each
 /// change only where it is missing.
 fn migrate_7(tx: &rusqlite::Transaction<'_>) -> Result<()> {
     for column in ["attempts", "resends"] {
-        let present: bool = tx.query_row(
-            "SELECT count(*) > 0 FROM pragma_table_info('deliveries') WHERE name = ?1",
-            [column],
-            |r| r.get(0),
-        )?;
-        if !present {
-            tx.execute_batch(&format!(
-                "ALTER TABLE deliveries ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0;"
-            ))?;
-        }
+        add_column_if_missing(tx, "deliveries", column, "INTEGER NOT NULL DEFAULT 0")?;
     }
     tx.execute_batch(
         r"UPDATE deliveries SET
