@@ -62,8 +62,9 @@ pub enum Plant {
     /// An engine commits steps without checking, in the step's transaction, that it still
     /// holds the recipient's lease (a paused engine that wakes after another took it goes on).
     NoStepFence,
-    /// An engine writes without checking its own deadline for the recipient's lease (a
-    /// paused engine whose write was issued before the pause writes after another took it).
+    /// An engine writes without checking the recipient's lease (its own deadline and the
+    /// lease in the database): a paused engine whose write was issued before the pause, or
+    /// one whose session was cut, writes after another took the lease.
     NoWriteFence,
 }
 
@@ -129,6 +130,27 @@ pub fn planted(plant: Plant) -> bool {
     cfg!(feature = "planted-bugs")
         && std::env::var("HANDOFFS_PLANT")
             .is_ok_and(|v| v.split(',').any(|p| p.trim() == plant.name()))
+}
+
+/// Test builds only (`planted-bugs`): with `var=DIR` set, says `DIR/ready` (with `what`) and
+/// waits for `DIR/go`, at most a minute, blocking the calling thread (for a hold inside a
+/// transaction, which is synchronous). Each process holds there once. Elsewhere: nothing.
+pub fn hold_once(var: &str, what: &str) {
+    static HELD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !cfg!(feature = "planted-bugs") {
+        return;
+    }
+    let Some(dir) = std::env::var_os(var).map(std::path::PathBuf::from) else {
+        return;
+    };
+    if HELD.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        return;
+    }
+    let _ = std::fs::write(dir.join("ready"), what);
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !dir.join("go").exists() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
 
 #[cfg(test)]

@@ -625,6 +625,161 @@ fn a_paused_engine_whose_write_was_issued_writes_nothing_after_its_lease_moved()
     kill9(&mut a);
 }
 
+/// Fencing when a session is cut: engine a has issued a write (held right before its
+/// write-time check) when its server session ends (`pg_terminate_backend`, as a network fault
+/// or a server restart would end it). Engine b takes the recipient at once (the lease names a
+/// session that is gone), long before the lease would expire, so engine a still has time by
+/// its own clock; released, it reads the lease in the database and writes nothing. Without
+/// that read (the check of its own deadline alone), it wrote: the model checker's
+/// counterexample (`model/tests/fencing.rs`), here with real processes. Needs the test-only
+/// hold of `planted-bugs` builds (`HANDOFFS_TEST_HOLD_ENGINE_WRITE`).
+#[cfg(feature = "planted-bugs")]
+#[test]
+fn an_engine_whose_session_was_cut_writes_nothing_after_another_took_its_recipient() {
+    let Some(admin) = common::postgres_or_skip("fencing an engine whose session was cut") else {
+        return;
+    };
+    let _one_at_a_time = timing();
+    let w = World::on_postgres(&admin);
+    w.ok(&["agent", "add", "lead", "--provider", "demo"]);
+    let (url, posts) = recording_recipient(axum::Router::new());
+    w.register_http_agent("dev", &url);
+    let hold = tempfile::tempdir().unwrap();
+    // The default lease (20 s): engine a's own deadline holds throughout the case.
+    let env = [("HANDOFFS_POLICY", "{}")];
+    let mut held_env = env.to_vec();
+    held_env.push((
+        "HANDOFFS_TEST_HOLD_ENGINE_WRITE",
+        hold.path().to_str().unwrap(),
+    ));
+    let mut a = engine_with(&w, "a.log", &held_env);
+    let first = send(&w, "first");
+    wait_until(&w, Duration::from_secs(20), "engine a at its write", || {
+        hold.path().join("ready").exists()
+    });
+    let fence_a = leases(&w)["dev"].1;
+    let ended = common::sql_rows(
+        &w.db,
+        "SELECT pg_terminate_backend(session::int)::text FROM recipient_leases WHERE agent = 'dev'",
+    );
+    assert_eq!(ended, ["true"], "engine a's session ended");
+    let _b = engine_with(&w, "b.log", &env);
+    let _second = send(&w, "second");
+    wait_until(
+        &w,
+        Duration::from_secs(20),
+        "engine b took the recipient at once",
+        || {
+            leases(&w)
+                .get("dev")
+                .is_some_and(|(e, f, _)| *f > fence_a && !is_pid(e, a.0.id()))
+        },
+    );
+    let fence_b = leases(&w)["dev"].1;
+    std::fs::write(hold.path().join("go"), "").unwrap();
+    wait_until(
+        &w,
+        Duration::from_secs(30),
+        "engine a acted after its release",
+        || {
+            let log = log_of(&w, "a.log");
+            log.contains("no longer holds the lease on dev")
+                || log.contains("lost the connection to PostgreSQL")
+                || !posts.lock().unwrap().is_empty()
+        },
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let writes = posts.lock().unwrap().clone();
+    assert!(
+        writes.is_empty(),
+        "engine a, whose session was cut (fence {fence_a}), wrote after engine b took its recipient (fence {fence_b}): {writes:?}\nengine a: {}",
+        log_of(&w, "a.log")
+    );
+    assert_eq!(w.json(&["status", &first])["state"], "SENDING");
+    kill9(&mut a);
+}
+
+/// An engine stopped inside a write transaction (SIGSTOP, a suspended laptop) holds the
+/// writers' lock: the server ends its session after `IDLE_IN_TRANSACTION_MS` (10 s), so a
+/// `send` and the other engine go on instead of waiting for as long as it stays stopped.
+/// Resumed, the stopped engine finds its session gone, connects anew and goes on; nothing is
+/// written twice. Needs the test-only hold of `planted-bugs` builds
+/// (`HANDOFFS_TEST_HOLD_IN_WRITE`), so .ci/run runs it there.
+#[cfg(feature = "planted-bugs")]
+#[test]
+fn an_engine_stopped_inside_a_write_transaction_holds_up_the_others_only_briefly() {
+    let Some(admin) = common::postgres_or_skip("an engine stopped inside a transaction") else {
+        return;
+    };
+    let _one_at_a_time = timing();
+    let w = World::on_postgres(&admin);
+    w.ok(&["agent", "add", "lead", "--provider", "demo"]);
+    let (url, posts) = recording_recipient(axum::Router::new());
+    w.register_http_agent("dev", &url);
+    let hold = tempfile::tempdir().unwrap();
+    let env = [("HANDOFFS_LEASE_MS", "2000"), ("HANDOFFS_POLICY", "{}")];
+    let mut held_env = env.to_vec();
+    held_env.push(("HANDOFFS_TEST_HOLD_IN_WRITE", hold.path().to_str().unwrap()));
+    let mut a = engine_with(&w, "a.log", &held_env);
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(a.0.id()).unwrap());
+    wait_until(
+        &w,
+        Duration::from_secs(20),
+        "engine a inside a write transaction",
+        || hold.path().join("ready").exists(),
+    );
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    std::fs::write(hold.path().join("go"), "").unwrap();
+    let _b = engine_with(&w, "b.log", &env);
+    let started = std::time::Instant::now();
+    let out = w
+        .cmd()
+        .args(["send", "lead", "dev", "while a is stopped", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "send waited on the stopped engine's transaction and gave up after {:?}: {}",
+        started.elapsed(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["message"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    wait_until(
+        &w,
+        Duration::from_secs(25),
+        "engine b delivered while engine a stayed stopped",
+        || !posts.lock().unwrap().is_empty(),
+    );
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    // Resumed, engine a finds its session ended and starts again on a new one.
+    wait_until(
+        &w,
+        Duration::from_secs(30),
+        "engine a started again",
+        || log_of(&w, "a.log").matches("engine started").count() >= 2,
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let log = log_of(&w, "a.log");
+    assert!(
+        log.contains("idle-in-transaction timeout"),
+        "engine a was stopped by the server's timeout: {log}"
+    );
+    assert_eq!(
+        posts.lock().unwrap().len(),
+        1,
+        "{id} written once, by engine b"
+    );
+    assert_eq!(w.json(&["status", &id])["state"], "ACCEPTED");
+    assert!(
+        a.0.try_wait().unwrap().is_none(),
+        "engine a went on after its session was ended: {log}"
+    );
+    kill9(&mut a);
+}
+
 /// Two machines' worth of agents: each machine's engine (its own host name and state folder)
 /// runs the commands of the agents registered on it, and HTTP agents are served by either.
 /// Work handed from an agent on one machine to an agent on the other runs there.

@@ -12,6 +12,7 @@ pub mod delivery;
 pub mod event;
 pub mod harness;
 pub mod ids;
+pub mod lease;
 pub mod policy;
 pub mod states;
 pub mod step;

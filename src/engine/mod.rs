@@ -103,6 +103,8 @@ struct Ctx {
     guard: outage::OutageGuard,
     /// Why a sync of the WAL failed, once one has: the engine then stops (see [`durable`]).
     sync_failed: RefCell<Option<String>>,
+    /// Whether the database is PostgreSQL's (a failed commit is the server's, not a disk's).
+    postgres: bool,
 }
 
 /// Makes the commits of this engine's connection up to now durable before an effect acts on
@@ -137,10 +139,17 @@ fn sync_or_stop(ctx: &Ctx, svc: &RefCell<Service>, mark: u64) -> Result<bool, Se
 
 /// Records that a sync failed (the engine stops), and says so.
 fn sync_failure(ctx: &Ctx, e: &dyn std::fmt::Display) -> ServiceError {
-    let why = format!(
-        "the database could not be synced to disk ({e}); the engine stops so that no write \
-         goes out on a commit the disk may have lost"
-    );
+    let why = if ctx.postgres {
+        format!(
+            "PostgreSQL did not confirm the engine's commit ({e}); the engine stops so that no \
+             write goes out on a commit that may be lost"
+        )
+    } else {
+        format!(
+            "the database could not be synced to disk ({e}); the engine stops so that no write \
+             goes out on a commit the disk may have lost"
+        )
+    };
     let first = ctx.sync_failed.borrow_mut().get_or_insert(why).clone();
     ServiceError::Refused(first)
 }
@@ -293,6 +302,7 @@ impl Engine {
                 one_shot,
                 guard: outage::OutageGuard::default(),
                 sync_failed: RefCell::new(None),
+                postgres: shared,
             }),
             watch_every: WATCH_INTERVAL,
             files: true,
@@ -408,6 +418,7 @@ impl Engine {
             one_shot: self.ctx.one_shot,
             guard: outage::OutageGuard::default(),
             sync_failed: RefCell::new(None),
+            postgres: self.ctx.postgres,
         });
         self
     }
@@ -432,6 +443,7 @@ impl Engine {
             one_shot: self.ctx.one_shot,
             guard: outage::OutageGuard::default(),
             sync_failed: RefCell::new(None),
+            postgres: self.ctx.postgres,
         });
         self
     }
@@ -965,16 +977,18 @@ async fn deliver(
                 if !crate::planted::planted(crate::planted::Plant::NoSyncBeforeWrite) {
                     durable(ctx, svc).await?;
                 }
-                // The lease is still this engine's by its own clock, with its margin: an
-                // engine paused since its reservation (past the lease, which another engine
-                // may have taken) writes nothing; the delivery is left as a crash leaves it.
+                // The lease is still this engine's by its own clock, with its margin, and
+                // in the database: an engine paused since its reservation (past the lease,
+                // which another engine may have taken), or whose server session was cut and
+                // its lease taken over at once, writes nothing; the delivery is left as a
+                // crash leaves it.
                 crate::adapter::codex::hold_at(
                     "HANDOFFS_TEST_HOLD_ENGINE_WRITE",
                     request_id.as_str(),
                 )
                 .await;
                 if !crate::planted(crate::Plant::NoWriteFence)
-                    && !svc.borrow().may_write_to(&agent.id)
+                    && !svc.borrow_mut().may_write_now(&agent.id)?
                 {
                     let engine = svc.borrow().fencing().map(|f| f.engine.clone());
                     return Err(service::Service::fenced(

@@ -7,7 +7,8 @@
 //! engine checks it still holds the lease by its own clock ([`Service::may_write_to`]): the
 //! lease counts as its own only until a margin before it expires in the database, so an
 //! engine paused past its lease (a stopped process, a frozen VM, a long GC-like stall) finds
-//! it gone when it wakes, whatever it was doing, and writes nothing.
+//! it gone when it wakes, whatever it was doing, and writes nothing. The rules themselves
+//! (when a lease passes, its token, an engine's deadline) are `model::lease`'s.
 
 use super::{Result, Service, ServiceError};
 use crate::store::{LeaseRow, millis};
@@ -61,12 +62,6 @@ impl Fencing {
         }
     }
 
-    /// The margin kept before a lease's expiry: a fifth of the lease, at least 500 ms (for
-    /// the time between the check and the write, and clocks a little apart).
-    fn margin(&self) -> u64 {
-        (self.lease_ms / 5).max(500)
-    }
-
     /// How often the engine renews its leases: four times a lease.
     pub fn renew_every(&self) -> u64 {
         self.lease_ms / 4
@@ -81,8 +76,8 @@ impl Fencing {
     /// lease by a statement started at `now` (the service's clock) and `started` (the
     /// monotonic one).
     fn deadlines(&self, now: Millis, started: Instant) -> (Millis, Instant) {
-        let keep = self.lease_ms - self.margin();
-        (now.plus_ms(keep), started + Duration::from_millis(keep))
+        let until = model::lease::deadline(now, self.lease_ms);
+        (until, started + Duration::from_millis(until.since(now)))
     }
 
     /// Records that a committed step extended the lease on `recipient` (see
@@ -178,6 +173,8 @@ impl Service {
                     if let Some(fence) = tx.take_lease(r, &engine, millis(now), expires)? {
                         taken.push(((*r).clone(), fence));
                     }
+                    // Test builds: a test may pause the engine here, inside the transaction.
+                    crate::planted::hold_once("HANDOFFS_TEST_HOLD_IN_WRITE", r);
                 }
                 Ok::<_, crate::store::StoreError>(taken)
             })?;
@@ -297,7 +294,34 @@ impl Service {
         fencing
             .held
             .get(recipient)
-            .is_some_and(|h| now < h.until && Instant::now() < h.until_mono)
+            .is_some_and(|h| model::lease::may_write(h.until, now) && Instant::now() < h.until_mono)
+    }
+
+    /// The check right before a write to `recipient`: this engine's own deadline for the
+    /// lease ([`Service::may_write_to`]), then the lease in the database, read now: still
+    /// this engine's with the token it took (`model::lease::is_holder`). The second catches
+    /// what no clock of the engine can: its server session was cut (a network fault, a
+    /// server restart) and another engine took the lease at once, while this one, unaware,
+    /// still had time by its own deadline. A read that fails is an error: no write then.
+    /// A service that is not an engine's may always.
+    pub fn may_write_now(&mut self, recipient: &str) -> Result<bool> {
+        if !self.may_write_to(recipient) {
+            return Ok(false);
+        }
+        let Some(fencing) = self.fencing.as_ref() else {
+            return Ok(true);
+        };
+        let Some(fence) = fencing.fence_of(recipient) else {
+            return Ok(false);
+        };
+        let engine = fencing.engine.clone();
+        let row = self.store.read(|tx| tx.lease_of(recipient))?;
+        let current = row.map(|r| model::lease::Lease {
+            engine: r.engine,
+            fence: r.fence,
+            expires_at: Millis(u64::try_from(r.expires_at).unwrap_or(0)),
+        });
+        Ok(model::lease::is_holder(current.as_ref(), &engine, fence))
     }
 
     /// Every recipient lease in the database.

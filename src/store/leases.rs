@@ -144,6 +144,24 @@ impl Tx<'_> {
         Ok(())
     }
 
+    /// `agent`'s lease as stored now, if it ever had one.
+    pub fn lease_of(&self, agent: &str) -> Result<Option<LeaseRow>> {
+        Ok(self
+            .row(
+                "SELECT agent, engine, fence, expires_at FROM recipient_leases WHERE agent = ?1",
+                params![agent],
+                |r| {
+                    Ok(LeaseRow {
+                        agent: r.get(0)?,
+                        engine: r.get(1)?,
+                        fence: r.get(2)?,
+                        expires_at: r.get(3)?,
+                    })
+                },
+            )
+            .optional()?)
+    }
+
     /// Every recipient lease, by recipient.
     pub fn leases(&self) -> Result<Vec<LeaseRow>> {
         let mut st = self.tx.prepare_cached(

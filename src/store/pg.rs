@@ -183,10 +183,17 @@ pub struct PgSession {
     heard: OnceLock<Arc<Heard>>,
 }
 
+/// How long a session may sit idle inside a transaction before the server ends it (and rolls
+/// the transaction back): a process stopped or suspended mid-transaction would otherwise hold
+/// the writers' lock, and every other engine and command would wait on it for as long as it
+/// stays stopped. No transaction of ours waits on anything but the server between statements.
+pub const IDLE_IN_TRANSACTION_MS: u64 = 10_000;
+
 /// A session to `url`, with bounds on what the network may take: a connect gives up after
 /// 10 s, and a session whose peer stopped answering is declared dead within about half a
 /// minute (TCP keepalive and user timeout) instead of the kernel's quarter of an hour,
-/// unless the URL says otherwise. Each commit waits for its flush (`synchronous_commit`,
+/// unless the URL says otherwise. A session idle inside a transaction for
+/// [`IDLE_IN_TRANSACTION_MS`] is ended by the server. Each commit waits for its flush (`synchronous_commit`,
 /// whatever the server's default): a reservation is on disk before its write goes out.
 fn connect(url: &str) -> Result<Client, PgFailure> {
     let mut config: postgres::Config = url.parse().map_err(|e| PgFailure::of(&e))?;
@@ -209,7 +216,8 @@ fn connect(url: &str) -> Result<Client, PgFailure> {
         .unwrap_or(30_000);
     client
         .batch_execute(&format!(
-            "SET lock_timeout = {wait}; SET TIME ZONE 'UTC'; SET synchronous_commit = on;"
+            "SET lock_timeout = {wait}; SET TIME ZONE 'UTC'; SET synchronous_commit = on; \
+             SET idle_in_transaction_session_timeout = {IDLE_IN_TRANSACTION_MS};"
         ))
         .map_err(|e| PgFailure::of(&e))?;
     Ok(client)
