@@ -8,8 +8,11 @@
 //! another engine took it.
 //!
 //! Times are milliseconds of the engines' clocks: a lease that has expired by the taker's
-//! clock may be taken, so engines must keep their clocks within a few seconds of each other
-//! (NTP), far less than a lease's margin.
+//! clock may be taken, so an engine whose clock runs ahead takes leases early. That costs
+//! the engine that lost it its recipient, never a write under another's lease: the token
+//! check of every step and the read of the lease before every write do not depend on any
+//! clock (`model/tests/fencing.rs` checks it with clocks apart). Keep clocks close (NTP).
+//! The rules these statements follow are `model::lease`'s.
 
 use super::{OptionalExtension, Result, Tx, params};
 
