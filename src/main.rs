@@ -28,10 +28,16 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    // HANDOFFS_LOG, else RUST_LOG, else warnings only.
+    // HANDOFFS_LOG, else RUST_LOG, else warnings only; errors only for `sim`, whose engines'
+    // warnings (a lease lost after a stall) are the simulated world's, told by its trace.
+    let quiet = if matches!(cli.command, cli::Command::Sim { .. }) {
+        "error"
+    } else {
+        "warn"
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_env("HANDOFFS_LOG")
         .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(quiet));
     let logs = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(filter);

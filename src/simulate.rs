@@ -19,9 +19,11 @@ use sim::agent::{Agent, AgentState, TurnRates, short};
 use sim::oracle::{self, hms};
 use sim::status::{Page, StatusPage};
 use sim::{FaultKind, FaultPlan};
+use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -88,6 +90,22 @@ fn note(trace: &Trace, host: &str, text: String) {
 #[derive(Debug)]
 struct SimTransport {
     unconnected: Unconnected,
+    /// With several engines: this engine's host name, and the database where each write's
+    /// fencing token is compared, as the write leaves, with the recipient's lease then.
+    fencing: Option<(String, PathBuf)>,
+}
+
+/// The recipient's lease token as stored now (a read of its own over the database file).
+fn lease_fence(db: &Path, agent: &str) -> Option<i64> {
+    let conn =
+        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .ok()?;
+    conn.query_row(
+        "SELECT fence FROM recipient_leases WHERE agent = ?1",
+        [agent],
+        |r| r.get(0),
+    )
+    .ok()
 }
 
 /// What the network saw of the engine's writes.
@@ -97,6 +115,9 @@ struct Wire {
     unconnected: Vec<String>,
     /// Every write as it left the engine: (request id, when).
     posted: Vec<(String, Duration)>,
+    /// With several engines: every write as it left its engine, with its token and the
+    /// recipient's lease then.
+    fenced: Vec<oracle::FencedWrite>,
 }
 
 type Unconnected = Arc<Mutex<Wire>>;
@@ -117,14 +138,25 @@ impl Transport for SimTransport {
             let request_id = body
                 .filter(|_| method == "POST")
                 .and_then(|b| b["request_id"].as_str().map(str::to_owned));
-            let body = body.map(|b| b.to_string().into_bytes());
             if let Some(rid) = &request_id {
-                self.unconnected
+                let mut wire = self
+                    .unconnected
                     .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .posted
-                    .push((rid.clone(), sim::net::elapsed()));
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                wire.posted.push((rid.clone(), sim::net::elapsed()));
+                if let (Some((engine, db)), Some(b)) = (&self.fencing, body) {
+                    let agent = b["agent"].as_str().unwrap_or_default().to_owned();
+                    wire.fenced.push(oracle::FencedWrite {
+                        lease: lease_fence(db, &agent),
+                        agent,
+                        request_id: rid.clone(),
+                        engine: engine.clone(),
+                        fence: b["fence"].as_i64(),
+                        at: sim::net::elapsed(),
+                    });
+                }
             }
+            let body = body.map(|b| b.to_string().into_bytes());
             match sim::net::request(method, url, body, timeout).await {
                 Ok((status, body)) => Ok(Reply { status, body }),
                 Err(sim::net::NetError::Connect(e)) => {
@@ -401,6 +433,20 @@ fn world_folder() -> PathBuf {
 /// # Errors
 /// When the world cannot be set up (no temporary folder, a store error).
 pub fn run(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, String> {
+    run_with_engines(seed, trace_on, policy, 1)
+}
+
+/// Runs one seed with `engines` engines (1, or 2 sharing the database under recipient
+/// leases, each stalling now and then right before a write).
+///
+/// # Errors
+/// When the world cannot be set up, or `engines` is neither 1 nor 2.
+pub fn run_with_engines(
+    seed: u64,
+    trace_on: bool,
+    policy: &Policy,
+    engines: usize,
+) -> Result<Outcome, String> {
     /// Puts the thread's ids back to random even if the run panics.
     struct Seeded;
     impl Drop for Seeded {
@@ -408,13 +454,24 @@ pub fn run(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, String
             crate::clock::seed_ids(None);
         }
     }
+    if !(1..=ENGINES.len()).contains(&engines) {
+        return Err(format!(
+            "the simulation runs 1 or {} engines, not {engines}",
+            ENGINES.len()
+        ));
+    }
     crate::clock::seed_ids(Some(seed));
     let _seeded = Seeded;
-    run_seeded(seed, trace_on, policy)
+    run_seeded(seed, trace_on, policy, engines)
 }
 
 #[allow(clippy::too_many_lines)]
-fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, String> {
+fn run_seeded(
+    seed: u64,
+    trace_on: bool,
+    policy: &Policy,
+    engines: usize,
+) -> Result<Outcome, String> {
     let plan = FaultPlan::from_seed(seed);
     let dir = TempDir(world_folder().join(format!(
         "handoffs-sim-{}-{seed}-{}",
@@ -470,6 +527,7 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
 
     let w = World {
         seed,
+        engines,
         db: &db,
         names: &names,
         agents: &agents,
@@ -522,6 +580,12 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
     ran.violations.extend(sim_error);
     verdicts.push(ran);
     verdicts.push(kept_counts(&checker)?);
+    if engines > 1 {
+        let wire = unconnected
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        verdicts.push(oracle::fencing(&wire.fenced));
+    }
 
     let (out, ok) = report(&Report {
         seed,
@@ -546,9 +610,87 @@ fn run_seeded(seed: u64, trace_on: bool, policy: &Policy) -> Result<Outcome, Str
     })
 }
 
+/// The engines' hosts: the first is the one engine of a run with one.
+const ENGINES: [&str; 2] = ["engine", "engine-b"];
+
+/// With several engines, each recipient's lease (virtual time): stalls of up to two
+/// minutes outlast it.
+const SIM_LEASE_MS: u64 = 10_000;
+
+/// With several engines, how often an engine stalls as a whole right before the check that
+/// precedes a write (a stopped process, a frozen VM), and for how long at most.
+const STALL_AT_WRITE: f64 = 0.1;
+const STALL_MAX: Duration = Duration::from_secs(90);
+
+/// What engine `name` calls before the check that precedes each write: now and then it
+/// stalls the engine's whole host (`until`, which [`Stalled`] keeps), from a random stream
+/// of its own that lives across the engine's restarts.
+fn stall_hook(
+    name: &'static str,
+    stalls: &Arc<Mutex<ChaCha8Rng>>,
+    until: &Rc<Cell<Option<Duration>>>,
+    trace: &Trace,
+) -> crate::engine::BeforeWrite {
+    let (stalls, until, trace) = (stalls.clone(), until.clone(), trace.clone());
+    crate::engine::BeforeWrite(Rc::new(move |request_id: &str| {
+        let mut rng = stalls
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if rng.random_bool(STALL_AT_WRITE) {
+            let ms = rng.random_range(1_000..=u64::try_from(STALL_MAX.as_millis()).unwrap_or(1));
+            let d = Duration::from_millis(ms);
+            until.set(Some(sim::net::elapsed() + d));
+            note(
+                &trace,
+                name,
+                format!(
+                    "stalls for {} s right before its write of {}",
+                    d.as_secs(),
+                    short(request_id)
+                ),
+            );
+        }
+    }))
+}
+
+/// A host's future that stands still while `until` lies ahead: the whole engine stalls (its
+/// jobs, its renewals, its housekeeping), while the world's clock and its own timers run on,
+/// as for a stopped process.
+struct Stalled<F> {
+    inner: std::pin::Pin<Box<F>>,
+    until: Rc<Cell<Option<Duration>>>,
+    sleep: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<F: std::future::Future> std::future::Future for Stalled<F> {
+    type Output = F::Output;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        if let Some(until) = self.until.get() {
+            let now = sim::net::elapsed();
+            if now < until {
+                let sleep = self
+                    .sleep
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(until.saturating_sub(now))));
+                if sleep.as_mut().poll(cx).is_pending() {
+                    return std::task::Poll::Pending;
+                }
+            }
+            self.until.set(None);
+            self.sleep = None;
+        }
+        self.inner.as_mut().poll(cx)
+    }
+}
+
 /// What a seed's world is made of.
 struct World<'a> {
     seed: u64,
+    /// How many engines share the database (1, or 2 under recipient leases).
+    engines: usize,
     db: &'a Path,
     names: &'a [String],
     agents: &'a [Agent],
@@ -626,23 +768,36 @@ fn world(w: &World<'_>) -> sim::turmoil::Sim<'static> {
         let agent = agent.clone();
         sim.host(name, move || sim::agent::host(agent.clone()));
     }
-    {
+    for (k, &name) in ENGINES.iter().enumerate().take(w.engines) {
         let db = w.db.to_owned();
         let policy = w.policy.clone();
         let trace = w.trace.clone();
         let unconnected = w.unconnected.clone();
-        sim.host("engine", move || {
+        let shared = w.engines > 1;
+        let stalls = Arc::new(Mutex::new(ChaCha8Rng::seed_from_u64(
+            w.seed ^ 0x57a1_1000 ^ k as u64,
+        )));
+        sim.host(name, move || {
             let db = db.clone();
             let policy = policy.clone();
             let trace = trace.clone();
             let transport = SimTransport {
                 unconnected: unconnected.clone(),
+                fencing: shared.then(|| (name.to_owned(), db.clone())),
             };
-            async move {
-                note(&trace, "engine", "starts".to_owned());
+            let until: Rc<Cell<Option<Duration>>> = Rc::default();
+            let hook = stall_hook(name, &stalls, &until, &trace);
+            let engine = async move {
+                note(&trace, name, "starts".to_owned());
                 let store = Store::open(&db)?;
                 let service = Service::with_clock(store, sim_clock());
-                let mut engine = Engine::new(service, false)?
+                let engine = if shared {
+                    let fencing = crate::service::leases::Fencing::named(name, "sim", SIM_LEASE_MS);
+                    Engine::sharing(service, fencing)?.with_pause_before_write(hook)
+                } else {
+                    Engine::new(service, false)?
+                };
+                let mut engine = engine
                     .with_policy(policy)
                     .with_http(crate::adapter::http::Http::new(transport))
                     .with_watch_interval(Duration::from_secs(1));
@@ -650,6 +805,11 @@ fn world(w: &World<'_>) -> sim::turmoil::Sim<'static> {
                     .run(Duration::from_secs(5), std::future::pending())
                     .await?;
                 Ok(())
+            };
+            Stalled {
+                inner: Box::pin(engine),
+                until,
+                sleep: None,
             }
         });
     }
@@ -2122,11 +2282,12 @@ pub fn sweep(
     from: u64,
     to: u64,
     policy: &Policy,
+    engines: usize,
     mut each: impl FnMut(&Outcome),
 ) -> Result<Sweep, String> {
     let mut s = Sweep::default();
     for seed in from..=to {
-        let o = run(seed, false, policy)?;
+        let o = run_with_engines(seed, false, policy, engines)?;
         s.runs += 1;
         s.virtual_time += o.virtual_time;
         s.count(&o);

@@ -305,3 +305,73 @@ fn a_recipient_that_stays_busy_at_the_write_is_tried_on_a_growing_backoff() {
     assert_eq!(status["state"], "BUSY", "{status}");
     assert!(w.ok(&["status", &id]).contains("times in a row"));
 }
+
+/// The engine stalls right after its send boundary's look said idle, before its write (held
+/// there, as a stopped process or a suspended machine would be), and a person starts a turn
+/// meanwhile. Its look gone stale, the engine looks again before writing, finds the session
+/// busy, and writes nothing until the person's turn is over. Needs the test-only hold of
+/// `planted-bugs` builds (`HANDOFFS_TEST_HOLD_ENGINE_WRITE`), so .ci/run runs it there.
+#[cfg(feature = "planted-bugs")]
+#[test]
+fn an_engine_that_stalls_between_its_look_and_its_write_looks_again() {
+    let w = World::new();
+    w.ok(&["agent", "add", "alice", "--provider", "demo"]);
+    let (url, session) = recipient(0, 0);
+    let id = send_to(&w, &url, "when you are free");
+    let hold = tempfile::tempdir().unwrap();
+    let _engine = w.spawn_engine_env(&[(
+        "HANDOFFS_TEST_HOLD_ENGINE_WRITE".to_owned(),
+        hold.path().to_str().unwrap().to_owned(),
+    )]);
+    let ready = hold.path().join("ready");
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    while !ready.exists() {
+        assert!(
+            std::time::Instant::now() < until,
+            "the engine reached its write"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let looks = {
+        let mut s = session.lock().unwrap();
+        s.person_typing = true;
+        s.looks
+    };
+    // Past the freshness of a look (2 s), then the engine goes on.
+    std::thread::sleep(Duration::from_millis(2_500));
+    std::fs::write(hold.path().join("go"), "").unwrap();
+    // Whatever the engine does next shows: a write, or the write turned away.
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    while session.lock().unwrap().taken.is_empty()
+        && !w
+            .ok(&["status", &id])
+            .contains("the engine stalled since its last look")
+    {
+        assert!(
+            std::time::Instant::now() < until,
+            "the engine neither wrote nor turned its write away in 20 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    {
+        let s = session.lock().unwrap();
+        assert!(
+            s.looks > looks,
+            "G3: the engine looked again after its stall"
+        );
+        assert!(
+            s.taken.is_empty(),
+            "G3: the write {:?} went out on a look taken before the stall, into the person's turn",
+            s.taken
+        );
+    }
+    session.lock().unwrap().person_typing = false;
+    w.wait_for(Duration::from_secs(20), |c| c.get("RETURNED") == Some(&1));
+    let s = session.lock().unwrap();
+    assert!(s.interrupted.is_empty(), "{:?}", s.interrupted);
+    assert_eq!(
+        s.taken.len(),
+        1,
+        "one write, once the person's turn was over"
+    );
+}

@@ -204,3 +204,60 @@ fn a_codex_like_host_shows_a_naive_write_folded_into_a_running_turn() {
 fn a_claude_like_host_shows_a_naive_resume_forking_its_transcript() {
     said_within("send_while_busy", "(Claude-like) forked its transcript", 20);
 }
+
+/// Two engines share the database under recipient leases, each stalling as a whole now and
+/// then right before a write, past its lease: every guarantee holds, and every write leaves
+/// under the lease it was reserved under (the `fencing` check, exercised by each write).
+#[test]
+fn two_engines_that_stall_keep_every_guarantee_and_write_only_under_their_lease() {
+    let policy = Policy::default();
+    for seed in 1..=3 {
+        let o = simulate::run_with_engines(seed, false, &policy, 2).unwrap();
+        assert!(o.ok, "seed {seed} with two engines failed:\n{}", o.text);
+        let fencing = o.verdicts.iter().find(|v| v.0 == "fencing");
+        assert!(
+            fencing.is_some_and(|v| v.1 > 0),
+            "seed {seed}: the fencing check judged nothing:\n{}",
+            o.text
+        );
+    }
+    let one = simulate::run(1, false, &policy).unwrap();
+    assert!(
+        one.verdicts.iter().all(|v| v.0 != "fencing"),
+        "one engine takes no leases: no fencing check"
+    );
+}
+
+/// The write-time check of the lease removed (`no_write_fence`, a plant outside the delivery
+/// rules, so the binary runs it): a stalled engine writes after the other engine took its
+/// recipient, and the sweep of two engines catches it with the fencing check's own words.
+#[cfg(feature = "planted-bugs")]
+#[test]
+fn a_sweep_of_two_engines_catches_a_write_without_its_lease_check() {
+    for seed in 1..=5_u64 {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_handoffs"))
+            .args(["sim", "--seed", &seed.to_string(), "--engines", "2"])
+            .env("HANDOFFS_PLANT", "no_write_fence")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        if out.status.success() {
+            continue;
+        }
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("fencing") && l.contains(": FAILED (")),
+            "no_write_fence must fail the fencing check at seed {seed}:\n{text}"
+        );
+        let said = text
+            .lines()
+            .find(|l| l.contains("while the lease was at fence"))
+            .unwrap_or_else(|| panic!("the fencing check's own words at seed {seed}:\n{text}"));
+        eprintln!(
+            "no_write_fence: caught by fencing at seed {seed}: {}",
+            said.trim()
+        );
+        return;
+    }
+    panic!("the planted no_write_fence survived 5 seeds of two engines");
+}

@@ -904,6 +904,48 @@ pub fn judge(run: &Run, settle_bound: Duration) -> Vec<Verdict> {
     ]
 }
 
+/// A write as it left one of several engines sharing a database (issue 17): the token its
+/// reservation was made under (`fence` in the POST) and the recipient's lease token in the
+/// database at that moment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FencedWrite {
+    pub agent: String,
+    pub request_id: String,
+    /// The engine's host.
+    pub engine: String,
+    pub fence: Option<i64>,
+    pub lease: Option<i64>,
+    pub at: Duration,
+}
+
+/// Fencing across engines (issue 17): every write leaves its engine under the lease its
+/// reservation was made under: its token is the recipient's lease token at that moment, so
+/// an engine stalled past its lease, which another engine took meanwhile, writes nothing.
+/// Exercised by each write that carries a token.
+pub fn fencing(writes: &[FencedWrite]) -> Verdict {
+    let mut v = Verdict::new(
+        "fencing",
+        "a write leaves only under the lease it was reserved under",
+    );
+    let shown = |f: Option<i64>| f.map_or_else(|| "none".to_owned(), |f| f.to_string());
+    for w in writes {
+        v.exercised += 1;
+        // A write with no token: its engine held no lease on the recipient as it wrote.
+        if w.fence.is_none() || w.lease != w.fence {
+            v.violations.push(format!(
+                "{} wrote {} to {} at {} under fence {} while the lease was at fence {}",
+                w.engine,
+                short(&w.request_id),
+                w.agent,
+                hms(w.at),
+                shown(w.fence),
+                shown(w.lease)
+            ));
+        }
+    }
+    v
+}
+
 /// SPEC §8.2 broadcast: each post reached every agent that subscribed to its topic as it was
 /// published exactly once, unless a person had blocked the connection from its publisher
 /// (then never), nobody else, and never as a turn.
@@ -1296,6 +1338,30 @@ mod tests {
     };
     use crate::agent::Received;
     use std::time::Duration;
+
+    /// A write leaves under the recipient's lease, or it is the fencing check's violation:
+    /// under an older token, or with none.
+    #[test]
+    fn a_write_under_a_lease_that_moved_or_none_is_a_fencing_violation() {
+        let write = |fence: Option<i64>, lease: Option<i64>| super::FencedWrite {
+            agent: "a0".to_owned(),
+            request_id: "e5c5adb1ffff".to_owned(),
+            engine: "engine-b".to_owned(),
+            fence,
+            lease,
+            at: Duration::from_secs(90),
+        };
+        let v = super::fencing(&[write(Some(3), Some(3))]);
+        assert!(v.ok() && v.exercised == 1, "{:?}", v.violations);
+        let v = super::fencing(&[write(Some(3), Some(4)), write(None, Some(4))]);
+        assert_eq!(
+            v.violations,
+            [
+                "engine-b wrote e5c5adb1 to a0 at 0:01:30.000 under fence 3 while the lease was at fence 4",
+                "engine-b wrote e5c5adb1 to a0 at 0:01:30.000 under fence none while the lease was at fence 4",
+            ]
+        );
+    }
 
     /// One write of request `r1` to host `b`, answered `status`.
     fn answered(status: u16) -> WriteRow {

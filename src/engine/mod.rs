@@ -105,6 +105,19 @@ struct Ctx {
     sync_failed: RefCell<Option<String>>,
     /// Whether the database is PostgreSQL's (a failed commit is the server's, not a disk's).
     postgres: bool,
+    /// Called right before the check of the lease that precedes each write, with the write's
+    /// request id (the simulation stalls the whole engine there).
+    before_write: Option<BeforeWrite>,
+}
+
+/// What [`Engine::with_pause_before_write`] calls.
+#[derive(Clone)]
+pub struct BeforeWrite(pub Rc<dyn Fn(&str)>);
+
+impl std::fmt::Debug for BeforeWrite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BeforeWrite")
+    }
 }
 
 /// Makes the commits of this engine's connection up to now durable before an effect acts on
@@ -283,13 +296,30 @@ impl Engine {
             Err(e) => return Err(EngineError::Io(e.to_string())),
         }
         // On SQLite the file's lock already makes this the one engine: no leases, no fences.
-        let shared = service.is_postgres();
-        if shared {
+        if service.is_postgres() {
             service.fence_as(service::leases::Fencing::new(
                 &service::leases::this_host(),
                 service::leases::LEASE_MS,
             ));
         }
+        Engine::built(service, one_shot)
+    }
+
+    /// An engine that shares its database with others under recipient leases as `fencing`,
+    /// whatever the backend, without the SQLite file's engine lock: the simulation's engines,
+    /// several on one file in one process (a PostgreSQL database's engines, through
+    /// [`Engine::new`], share it the same way).
+    pub fn sharing(
+        mut service: Service,
+        fencing: service::leases::Fencing,
+    ) -> Result<Engine, EngineError> {
+        service.fence_as(fencing);
+        Engine::built(service, false)
+    }
+
+    fn built(mut service: Service, one_shot: bool) -> Result<Engine, EngineError> {
+        let shared = service.fencing().is_some();
+        let postgres = service.is_postgres();
         // The engine commits lazily and syncs before each effect instead (group commit).
         service
             .commit_lazily()
@@ -302,7 +332,8 @@ impl Engine {
                 one_shot,
                 guard: outage::OutageGuard::default(),
                 sync_failed: RefCell::new(None),
-                postgres: shared,
+                postgres,
+                before_write: None,
             }),
             watch_every: WATCH_INTERVAL,
             files: true,
@@ -409,6 +440,23 @@ impl Engine {
         Duration::from_millis(every.saturating_sub(since))
     }
 
+    /// Calls `hook` right before the check of the lease that precedes each write, then lets
+    /// every other task run once (the simulation: a hook that stalls the engine's host there
+    /// stalls the engine between the commit that issued a write and its write).
+    #[must_use]
+    pub fn with_pause_before_write(mut self, hook: BeforeWrite) -> Engine {
+        self.ctx = Rc::new(Ctx {
+            adapters: self.ctx.adapters.clone(),
+            policy: self.ctx.policy.clone(),
+            one_shot: self.ctx.one_shot,
+            guard: outage::OutageGuard::default(),
+            sync_failed: RefCell::new(None),
+            postgres: self.ctx.postgres,
+            before_write: Some(hook),
+        });
+        self
+    }
+
     /// Uses `policy` instead of the default (tests and the simulation).
     #[must_use]
     pub fn with_policy(mut self, policy: Policy) -> Engine {
@@ -419,6 +467,7 @@ impl Engine {
             guard: outage::OutageGuard::default(),
             sync_failed: RefCell::new(None),
             postgres: self.ctx.postgres,
+            before_write: self.ctx.before_write.clone(),
         });
         self
     }
@@ -444,6 +493,7 @@ impl Engine {
             guard: outage::OutageGuard::default(),
             sync_failed: RefCell::new(None),
             postgres: self.ctx.postgres,
+            before_write: self.ctx.before_write.clone(),
         });
         self
     }
@@ -893,6 +943,20 @@ fn rest(ctx: &Ctx, svc: &RefCell<Service>, id: &str) -> Result<(), ServiceError>
     })
 }
 
+/// How old the send boundary's look may be when its write goes out: older, the engine looks
+/// again first (it stalled in between; a turn may have begun).
+const LOOK_FRESH_MS: u64 = 2_000;
+
+/// Whether the write issued in `committed` (SENDING, its send boundary passed) follows a look
+/// older than [`LOOK_FRESH_MS`].
+fn looked_long_ago(svc: &RefCell<Service>, committed: &Delivery) -> bool {
+    let Delivery::Sending(s) = committed else {
+        return false;
+    };
+    s.issued_at()
+        .is_some_and(|at| svc.borrow().now().since(at) > LOOK_FRESH_MS)
+}
+
 /// Takes one delivery through as much of SPEC §2.2–2.4 as it can now.
 #[tracing::instrument(name = "delivery", level = "info", skip_all, fields(id = %id))]
 async fn deliver(
@@ -971,41 +1035,9 @@ async fn deliver(
                 })?
             }
             Effect::Write { request_id, .. } => {
-                // The commit that reserved this write (and everything before it) is on
-                // stable storage before the write goes out: a power cut cannot take the
-                // reservation back and let the next engine write again (G2, G8).
-                if !crate::planted::planted(crate::planted::Plant::NoSyncBeforeWrite) {
-                    durable(ctx, svc).await?;
-                }
-                // The lease is still this engine's by its own clock, with its margin, and
-                // in the database: an engine paused since its reservation (past the lease,
-                // which another engine may have taken), or whose server session was cut and
-                // its lease taken over at once, writes nothing; the delivery is left as a
-                // crash leaves it.
-                crate::adapter::codex::hold_at(
-                    "HANDOFFS_TEST_HOLD_ENGINE_WRITE",
-                    request_id.as_str(),
-                )
-                .await;
-                if !crate::planted(crate::Plant::NoWriteFence)
-                    && !svc.borrow_mut().may_write_now(&agent.id)?
-                {
-                    let engine = svc.borrow().fencing().map(|f| f.engine.clone());
-                    return Err(service::Service::fenced(
-                        &agent.id,
-                        &engine.unwrap_or_default(),
-                    ));
-                }
-                let mut outcome =
-                    write_now(ctx, svc, id, &agent, request_id.as_str(), report).await?;
-                if ctx.policy.planted(model::PlantedBug::RetryUnknownWrite)
-                    && matches!(
-                        outcome,
-                        model::WriteOutcome::TimedOut | model::WriteOutcome::Failed { .. }
-                    )
-                {
-                    outcome = write_now(ctx, svc, id, &agent, request_id.as_str(), report).await?;
-                }
+                let outcome =
+                    issued_write(ctx, svc, id, &agent, &current, request_id.as_str(), report)
+                        .await?;
                 apply_all(
                     ctx,
                     svc,
@@ -1161,6 +1193,75 @@ async fn planted_reserve_after_write(
     apply(ctx, svc, id, report, |_| {
         Ok(EventKind::WriteResult { outcome })
     })
+}
+
+/// The write `request_id` of delivery `id`, issued in `current`: made durable, the lease
+/// checked (and a stale look taken again), then written; what came of it.
+async fn issued_write(
+    ctx: &Ctx,
+    svc: &RefCell<Service>,
+    id: &str,
+    agent: &AgentRow,
+    current: &Delivery,
+    request_id: &str,
+    report: &mut PassReport,
+) -> Result<model::WriteOutcome, ServiceError> {
+    // The commit that reserved this write (and everything before it) is on
+    // stable storage before the write goes out: a power cut cannot take the
+    // reservation back and let the next engine write again (G2, G8).
+    if !crate::planted::planted(crate::planted::Plant::NoSyncBeforeWrite) {
+        durable(ctx, svc).await?;
+    }
+    // The lease is still this engine's by its own clock, with its margin, and
+    // in the database: an engine paused since its reservation (past the lease,
+    // which another engine may have taken), or whose server session was cut and
+    // its lease taken over at once, writes nothing; the delivery is left as a
+    // crash leaves it.
+    crate::adapter::codex::hold_at("HANDOFFS_TEST_HOLD_ENGINE_WRITE", request_id).await;
+    if let Some(hook) = ctx.before_write.as_ref() {
+        (hook.0)(request_id);
+        tokio::task::yield_now().await;
+    }
+    if !crate::planted(crate::Plant::NoWriteFence) && !svc.borrow_mut().may_write_now(&agent.id)? {
+        let engine = svc.borrow().fencing().map(|f| f.engine.clone());
+        return Err(service::Service::fenced(
+            &agent.id,
+            &engine.unwrap_or_default(),
+        ));
+    }
+    let mut outcome = if looked_long_ago(svc, current) {
+        // The send boundary's look went stale (the engine stalled since: a
+        // stopped process, a suspended machine, a sync that took seconds): a
+        // turn may have begun meanwhile, so the engine looks again, and a busy
+        // or unreadable session turns the write away (nothing is written; the
+        // delivery waits as for a busy recipient).
+        match ctx.adapters.activity(svc, agent).await {
+            activity @ (model::Activity::Busy { .. } | model::Activity::Unknown { .. }) => {
+                model::WriteOutcome::Busy {
+                    detail: format!(
+                        "the engine stalled since its last look, and a new look found the session {}",
+                        if matches!(activity, model::Activity::Busy { .. }) {
+                            "busy"
+                        } else {
+                            "unreadable"
+                        }
+                    ),
+                }
+            }
+            _ => write_now(ctx, svc, id, agent, request_id, report).await?,
+        }
+    } else {
+        write_now(ctx, svc, id, agent, request_id, report).await?
+    };
+    if ctx.policy.planted(model::PlantedBug::RetryUnknownWrite)
+        && matches!(
+            outcome,
+            model::WriteOutcome::TimedOut | model::WriteOutcome::Failed { .. }
+        )
+    {
+        outcome = write_now(ctx, svc, id, agent, request_id, report).await?;
+    }
+    Ok(outcome)
 }
 
 /// Hands one write to the adapter: the card for the message, with `request_id`.

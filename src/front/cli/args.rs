@@ -237,6 +237,10 @@ pub enum Command {
         /// Print the run's trace: virtual time, host, event.
         #[arg(long, conflicts_with = "seeds")]
         trace: bool,
+        /// Engines sharing the database: 1, or 2 under recipient leases, each stalling now
+        /// and then right before a write (fencing, issue 17).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+        engines: u8,
     },
     /// Checks every agent's destination (binary and version, session or thread, folder, URL)
     /// and the database: one line per finding; exit 1 when something is wrong.

@@ -139,6 +139,7 @@ pub(super) fn sim_cmd(
     seed: Option<u64>,
     seeds: Option<&str>,
     trace: bool,
+    engines: usize,
 ) -> Result<(), Failure> {
     let policy = policy_from_env()?;
     // A planted bug replays only in a build that has it.
@@ -175,7 +176,7 @@ pub(super) fn sim_cmd(
                 ))
             })?;
         let started = std::time::Instant::now();
-        let sweep = crate::simulate::sweep(a, b, &policy, |o| {
+        let sweep = crate::simulate::sweep(a, b, &policy, engines, |o| {
             if !o.ok {
                 if cli.json {
                     out(&json!({"seed": o.seed, "ok": false, "report": o.text}).to_string());
@@ -221,12 +222,13 @@ pub(super) fn sim_cmd(
         };
     }
     let seed = seed.unwrap_or(1);
-    let outcome = crate::simulate::run(seed, trace, &policy)
+    let outcome = crate::simulate::run_with_engines(seed, trace, &policy, engines)
         .map_err(|message| Failure { code: 1, message })?;
     let mut text = outcome.text.clone();
     if !outcome.ok && !replay_env.is_empty() {
         text.push_str(&format!(
-            "replay this policy with: {replay_env}handoffs sim --seed {seed} --trace\n"
+            "replay this policy with: {replay_env}handoffs sim --seed {seed} --trace{}\n",
+            if engines > 1 { " --engines 2" } else { "" }
         ));
     }
     emit(

@@ -252,7 +252,12 @@ pub fn run(cli: &Cli) -> Result<(), Failure> {
                 message: String::new(),
             })
         }
-        Command::Sim { seed, seeds, trace } => sim_cmd(cli, *seed, seeds.as_deref(), *trace),
+        Command::Sim {
+            seed,
+            seeds,
+            trace,
+            engines,
+        } => sim_cmd(cli, *seed, seeds.as_deref(), *trace, usize::from(*engines)),
         Command::Supervise(a) => supervise_cmd(cli, a),
     }
 }
