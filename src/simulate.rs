@@ -619,8 +619,8 @@ const SIM_LEASE_MS: u64 = 10_000;
 
 /// With several engines, how often an engine stalls as a whole right before the check that
 /// precedes a write (a stopped process, a frozen VM), and for how long at most.
-const STALL_AT_WRITE: f64 = 0.1;
-const STALL_MAX: Duration = Duration::from_secs(90);
+const STALL_AT_WRITE: f64 = 0.04;
+const STALL_MAX: Duration = Duration::from_secs(60);
 
 /// What engine `name` calls before the check that precedes each write: now and then it
 /// stalls the engine's whole host (`until`, which [`Stalled`] keeps), from a random stream

@@ -18,8 +18,10 @@
 //! Clocks: in one world they agree; in another, one engine's runs 2 s ahead (past the lease's
 //! margin), so it takes leases early: the properties still hold, by the read of the lease
 //! before each write. Assumed, not explored: an engine's last check and its write are one
-//! step (a stall longer than the lease exactly there is the one window fencing leaves open,
-//! docs/DEPLOY.md).
+//! step. The moment between them is the one window fencing leaves open (docs/DEPLOY.md): a
+//! stall past the lease there, or a cut session or a clock behind in exactly that moment,
+//! lets a write leave under a lease that just moved. The check compares the token the
+//! delivery's reservation was made under, as the product's does.
 
 use model::Millis;
 use model::lease::{self, Lease};

@@ -944,18 +944,8 @@ fn rest(ctx: &Ctx, svc: &RefCell<Service>, id: &str) -> Result<(), ServiceError>
 }
 
 /// How old the send boundary's look may be when its write goes out: older, the engine looks
-/// again first (it stalled in between; a turn may have begun).
+/// again first (it stalled in between; a turn may have begun). Counted from before the look.
 const LOOK_FRESH_MS: u64 = 2_000;
-
-/// Whether the write issued in `committed` (SENDING, its send boundary passed) follows a look
-/// older than [`LOOK_FRESH_MS`].
-fn looked_long_ago(svc: &RefCell<Service>, committed: &Delivery) -> bool {
-    let Delivery::Sending(s) = committed else {
-        return false;
-    };
-    s.issued_at()
-        .is_some_and(|at| svc.borrow().now().since(at) > LOOK_FRESH_MS)
-}
 
 /// Takes one delivery through as much of SPEC §2.2–2.4 as it can now.
 #[tracing::instrument(name = "delivery", level = "info", skip_all, fields(id = %id))]
@@ -980,6 +970,8 @@ async fn deliver(
     let adapters = &ctx.adapters;
     // The recipient as registered when the last step was committed.
     let mut registered = started.agent;
+    // When this pass's send boundary looked at the recipient's activity.
+    let mut looked_at: Option<Millis> = None;
     while let Some(effect) = queue.pop_front() {
         let Some(agent) = registered.take() else {
             // Gone since the pass began: the next pass makes it UNAVAILABLE.
@@ -1023,6 +1015,7 @@ async fn deliver(
                 if let Err(e) = adapters.prepare(&agent) {
                     report.errors.push(format!("{id}: prepare: {e}"));
                 }
+                looked_at = Some(svc.borrow().now());
                 let activity = adapters.activity(svc, &agent).await;
                 apply(ctx, svc, id, report, |tx| {
                     let facts = tx.facts(id, one_shot)?;
@@ -1035,9 +1028,13 @@ async fn deliver(
                 })?
             }
             Effect::Write { request_id, .. } => {
+                // When the send boundary looked (in this pass; else when it was committed).
+                let looked = looked_at.or_else(|| match &current {
+                    Delivery::Sending(s) => *s.issued_at(),
+                    _ => None,
+                });
                 let outcome =
-                    issued_write(ctx, svc, id, &agent, &current, request_id.as_str(), report)
-                        .await?;
+                    issued_write(ctx, svc, id, &agent, looked, request_id.as_str(), report).await?;
                 apply_all(
                     ctx,
                     svc,
@@ -1187,7 +1184,8 @@ async fn planted_reserve_after_write(
         // No write at the boundary: nothing to reorder.
         return apply(ctx, svc, id, report, |_| Ok(reservation));
     };
-    let outcome = write_now(ctx, svc, id, agent, request_id.as_str(), report).await?;
+    let fence = svc.borrow().fencing().and_then(|f| f.fence_of(&agent.id));
+    let outcome = write_now(ctx, svc, id, agent, request_id.as_str(), fence, report).await?;
     apply(ctx, svc, id, report, |_| Ok(reservation))?;
     apply(ctx, svc, id, report, |_| Ok(boundary))?;
     apply(ctx, svc, id, report, |_| {
@@ -1202,64 +1200,65 @@ async fn issued_write(
     svc: &RefCell<Service>,
     id: &str,
     agent: &AgentRow,
-    current: &Delivery,
+    looked_at: Option<Millis>,
     request_id: &str,
     report: &mut PassReport,
 ) -> Result<model::WriteOutcome, ServiceError> {
-    // The commit that reserved this write (and everything before it) is on
-    // stable storage before the write goes out: a power cut cannot take the
-    // reservation back and let the next engine write again (G2, G8).
+    // The commit that reserved this write (and everything before it) is on stable storage
+    // before the write goes out: a power cut cannot take the reservation back and let the
+    // next engine write again (G2, G8).
     if !crate::planted::planted(crate::planted::Plant::NoSyncBeforeWrite) {
         durable(ctx, svc).await?;
     }
-    // The lease is still this engine's by its own clock, with its margin, and
-    // in the database: an engine paused since its reservation (past the lease,
-    // which another engine may have taken), or whose server session was cut and
-    // its lease taken over at once, writes nothing; the delivery is left as a
-    // crash leaves it.
     crate::adapter::codex::hold_at("HANDOFFS_TEST_HOLD_ENGINE_WRITE", request_id).await;
     if let Some(hook) = ctx.before_write.as_ref() {
         (hook.0)(request_id);
         tokio::task::yield_now().await;
     }
-    if !crate::planted(crate::Plant::NoWriteFence) && !svc.borrow_mut().may_write_now(&agent.id)? {
-        let engine = svc.borrow().fencing().map(|f| f.engine.clone());
-        return Err(service::Service::fenced(
-            &agent.id,
-            &engine.unwrap_or_default(),
-        ));
-    }
-    let mut outcome = if looked_long_ago(svc, current) {
-        // The send boundary's look went stale (the engine stalled since: a
-        // stopped process, a suspended machine, a sync that took seconds): a
-        // turn may have begun meanwhile, so the engine looks again, and a busy
-        // or unreadable session turns the write away (nothing is written; the
-        // delivery waits as for a busy recipient).
-        match ctx.adapters.activity(svc, agent).await {
-            activity @ (model::Activity::Busy { .. } | model::Activity::Unknown { .. }) => {
-                model::WriteOutcome::Busy {
-                    detail: format!(
-                        "the engine stalled since its last look, and a new look found the session {}",
-                        if matches!(activity, model::Activity::Busy { .. }) {
-                            "busy"
-                        } else {
-                            "unreadable"
-                        }
-                    ),
-                }
-            }
-            _ => write_now(ctx, svc, id, agent, request_id, report).await?,
+    // The send boundary's look went stale (the engine stalled since: a stopped process, a
+    // suspended machine, a sync that took seconds): a turn may have begun meanwhile, so the
+    // engine looks again, and a busy or unreadable session turns the write away (nothing is
+    // written; the delivery waits as for a busy recipient).
+    if looked_at.is_some_and(|t| svc.borrow().now().since(t) > LOOK_FRESH_MS) {
+        let activity = ctx.adapters.activity(svc, agent).await;
+        if let model::Activity::Busy { .. } | model::Activity::Unknown { .. } = activity {
+            return Ok(model::WriteOutcome::Busy {
+                detail: format!(
+                    "the engine stalled since its last look, and a new look found the session {}",
+                    if matches!(activity, model::Activity::Busy { .. }) {
+                        "busy"
+                    } else {
+                        "unreadable"
+                    }
+                ),
+            });
         }
+    }
+    // Last, with no wait before the write: the lease is still this engine's by its own
+    // clock, with its margin, and in the database, with the token the reservation was made
+    // under. An engine paused since its reservation (past the lease, which another engine
+    // may have taken), or whose server session was cut and its lease taken over at once,
+    // writes nothing; the delivery is left as a crash leaves it.
+    let fence = if crate::planted(crate::Plant::NoWriteFence) {
+        svc.borrow().fencing().and_then(|f| f.fence_of(&agent.id))
     } else {
-        write_now(ctx, svc, id, agent, request_id, report).await?
+        let Some(fence) = svc.borrow_mut().may_write_now(&agent.id, id)? else {
+            let engine = svc.borrow().fencing().map(|f| f.engine.clone());
+            return Err(service::Service::fenced(
+                &agent.id,
+                &engine.unwrap_or_default(),
+            ));
+        };
+        fence
     };
+    let mut outcome = write_now(ctx, svc, id, agent, request_id, fence, report).await?;
     if ctx.policy.planted(model::PlantedBug::RetryUnknownWrite)
         && matches!(
             outcome,
             model::WriteOutcome::TimedOut | model::WriteOutcome::Failed { .. }
         )
     {
-        outcome = write_now(ctx, svc, id, agent, request_id, report).await?;
+        outcome = write_now(ctx, svc, id, agent, request_id, fence, report).await?;
     }
     Ok(outcome)
 }
@@ -1271,12 +1270,12 @@ async fn write_now(
     id: &str,
     agent: &AgentRow,
     request_id: &str,
+    fence: Option<i64>,
     report: &mut PassReport,
 ) -> Result<model::WriteOutcome, ServiceError> {
     let (message, work) = svc.borrow_mut().message_and_work(id)?;
     let text = card::card(&message, work.as_ref());
     let db = svc.borrow().db_path().to_owned();
-    let fence = svc.borrow().fencing().and_then(|f| f.fence_of(&agent.id));
     let write = Write {
         db: &db,
         agent,

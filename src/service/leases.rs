@@ -307,26 +307,36 @@ impl Service {
             .is_some_and(|h| model::lease::may_write(h.until, now) && Instant::now() < h.until_mono)
     }
 
-    /// The check right before a write to `recipient`: this engine's own deadline for the
-    /// lease ([`Service::may_write_to`]), then the lease in the database, read now: still
-    /// this engine's with the token it took (`model::lease::is_holder`). The second catches
-    /// what no clock of the engine can: its server session was cut (a network fault, a
-    /// server restart) and another engine took the lease at once, while this one, unaware,
-    /// still had time by its own deadline. A read that fails is an error: no write then.
-    /// A service that is not an engine's may always.
+    /// The check right before the write of delivery `id` to `recipient`: this engine's own
+    /// deadline for the lease ([`Service::may_write_to`]), then the lease in the database,
+    /// read now: still this engine's with the token the delivery's reservation was made
+    /// under (`deliveries.fence`; `model::lease::is_holder`). The read catches what no clock
+    /// of the engine can: its server session was cut (a network fault, a server restart) and
+    /// another engine took the lease at once, while this one, unaware, still had time by its
+    /// own deadline; or the lease passed to another engine and came back since the
+    /// reservation. A read that fails is an error: no write then.
     ///
     /// An engine past its own deadline (back from a stall) takes the lease up again when
     /// nobody took it meanwhile (`hold`, in a transaction of its own) and writes after all:
     /// its write would otherwise stay issued and unwritten, UNCERTAIN for an hour of history
     /// scans, though no other engine ever served the recipient.
-    pub fn may_write_now(&mut self, recipient: &str) -> Result<bool> {
+    ///
+    /// `Some(token)` to write with (`None` inside: a service that is not an engine's, which
+    /// may always write), or `None`: no write.
+    pub fn may_write_now(&mut self, recipient: &str, id: &str) -> Result<Option<Option<i64>>> {
         let Some(fencing) = self.fencing.as_ref() else {
-            return Ok(true);
+            return Ok(Some(None));
         };
         let Some(fence) = fencing.fence_of(recipient) else {
-            return Ok(false);
+            return Ok(None);
         };
         let engine = fencing.engine.clone();
+        let (row, reserved) = self.store.read(|tx| {
+            Ok::<_, crate::store::StoreError>((tx.lease_of(recipient)?, tx.delivery_fence(id)?))
+        })?;
+        if reserved != Some(fence) {
+            return Ok(None);
+        }
         if !self.may_write_to(recipient) {
             let now = self.now();
             let started = Instant::now();
@@ -338,15 +348,14 @@ impl Service {
                 f.extended(recipient, now, started);
                 tracing::info!(%recipient, fence, "recipient lease taken up again after a stall");
             }
-            return Ok(held);
+            return Ok(held.then_some(Some(fence)));
         }
-        let row = self.store.read(|tx| tx.lease_of(recipient))?;
         let current = row.map(|r| model::lease::Lease {
             engine: r.engine,
             fence: r.fence,
             expires_at: Millis(u64::try_from(r.expires_at).unwrap_or(0)),
         });
-        Ok(model::lease::is_holder(current.as_ref(), &engine, fence))
+        Ok(model::lease::is_holder(current.as_ref(), &engine, fence).then_some(Some(fence)))
     }
 
     /// Every recipient lease in the database.

@@ -9,10 +9,11 @@
 //!
 //! Times are milliseconds of the engines' clocks: a lease that has expired by the taker's
 //! clock may be taken, so an engine whose clock runs ahead takes leases early. That costs
-//! the engine that lost it its recipient, never a write under another's lease: the token
-//! check of every step and the read of the lease before every write do not depend on any
-//! clock (`model/tests/fencing.rs` checks it with clocks apart). Keep clocks close (NTP).
-//! The rules these statements follow are `model::lease`'s.
+//! the engine that lost it its recipient; the token check of every step and the read of the
+//! lease right before every write do not depend on any clock, which leaves only the moment
+//! between that read and the write (`model/tests/fencing.rs` checks it with clocks apart,
+//! read and write one step). Keep clocks close (NTP). The rules these statements follow are
+//! `model::lease`'s.
 
 use super::{OptionalExtension, Result, Tx, params};
 
@@ -145,6 +146,18 @@ impl Tx<'_> {
             params![id, fence],
         )?;
         Ok(())
+    }
+
+    /// The fencing token delivery `id`'s latest reservation was made under, if any.
+    pub fn delivery_fence(&self, id: &str) -> Result<Option<i64>> {
+        Ok(self
+            .row(
+                "SELECT fence FROM deliveries WHERE message_id = ?1",
+                params![id],
+                |r| r.get::<Option<i64>>(0),
+            )
+            .optional()?
+            .flatten())
     }
 
     /// `agent`'s lease as stored now, if it ever had one.
