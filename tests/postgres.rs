@@ -550,6 +550,41 @@ fn recording_recipient(
     (common::serve(app), posts)
 }
 
+/// A case with engine a held at a test-only hold (`planted-bugs` builds): on a fresh
+/// PostgreSQL database, `lead` (demo) and `dev`, an HTTP recipient that records every write;
+/// engine a started with `env` and `hold_var` naming a folder of its own. `None` when no
+/// server is given (the case is skipped). One at a time with the other timed cases.
+#[cfg(feature = "planted-bugs")]
+struct HeldCase {
+    w: World,
+    posts: std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>>,
+    hold: tempfile::TempDir,
+    a: common::Engine,
+    /// Last, so it is let go last.
+    _one_at_a_time: std::sync::MutexGuard<'static, ()>,
+}
+
+#[cfg(feature = "planted-bugs")]
+fn held_case(case: &str, env: &[(&str, &str)], hold_var: &str) -> Option<HeldCase> {
+    let admin = common::postgres_or_skip(case)?;
+    let one_at_a_time = timing();
+    let w = World::on_postgres(&admin);
+    w.ok(&["agent", "add", "lead", "--provider", "demo"]);
+    let (url, posts) = recording_recipient(axum::Router::new());
+    w.register_http_agent("dev", &url);
+    let hold = tempfile::tempdir().unwrap();
+    let mut held_env = env.to_vec();
+    held_env.push((hold_var, hold.path().to_str().unwrap()));
+    let a = engine_with(&w, "a.log", &held_env);
+    Some(HeldCase {
+        w,
+        posts,
+        hold,
+        a,
+        _one_at_a_time: one_at_a_time,
+    })
+}
+
 /// Fencing at the write: engine a commits a write's reservation and send boundary (the
 /// write is issued) and is paused with SIGSTOP right before it goes out, past its lease;
 /// engine b takes the recipient. Resumed, a finds by its own clocks that its lease is no
@@ -559,22 +594,21 @@ fn recording_recipient(
 #[cfg(feature = "planted-bugs")]
 #[test]
 fn a_paused_engine_whose_write_was_issued_writes_nothing_after_its_lease_moved() {
-    let Some(admin) = common::postgres_or_skip("fencing a paused engine at the write") else {
+    let env = [("HANDOFFS_LEASE_MS", "2000"), ("HANDOFFS_POLICY", "{}")];
+    let Some(HeldCase {
+        w,
+        posts,
+        hold,
+        mut a,
+        _one_at_a_time: _serial,
+    }) = held_case(
+        "fencing a paused engine at the write",
+        &env,
+        "HANDOFFS_TEST_HOLD_ENGINE_WRITE",
+    )
+    else {
         return;
     };
-    let _one_at_a_time = timing();
-    let w = World::on_postgres(&admin);
-    w.ok(&["agent", "add", "lead", "--provider", "demo"]);
-    let (url, posts) = recording_recipient(axum::Router::new());
-    w.register_http_agent("dev", &url);
-    let hold = tempfile::tempdir().unwrap();
-    let env = [("HANDOFFS_LEASE_MS", "2000"), ("HANDOFFS_POLICY", "{}")];
-    let mut held_env = env.to_vec();
-    held_env.push((
-        "HANDOFFS_TEST_HOLD_ENGINE_WRITE",
-        hold.path().to_str().unwrap(),
-    ));
-    let mut a = engine_with(&w, "a.log", &held_env);
     let pid = nix::unistd::Pid::from_raw(i32::try_from(a.0.id()).unwrap());
     let first = send(&w, "first");
     wait_until(&w, Duration::from_secs(20), "engine a at its write", || {
@@ -636,23 +670,22 @@ fn a_paused_engine_whose_write_was_issued_writes_nothing_after_its_lease_moved()
 #[cfg(feature = "planted-bugs")]
 #[test]
 fn an_engine_whose_session_was_cut_writes_nothing_after_another_took_its_recipient() {
-    let Some(admin) = common::postgres_or_skip("fencing an engine whose session was cut") else {
-        return;
-    };
-    let _one_at_a_time = timing();
-    let w = World::on_postgres(&admin);
-    w.ok(&["agent", "add", "lead", "--provider", "demo"]);
-    let (url, posts) = recording_recipient(axum::Router::new());
-    w.register_http_agent("dev", &url);
-    let hold = tempfile::tempdir().unwrap();
     // The default lease (20 s): engine a's own deadline holds throughout the case.
     let env = [("HANDOFFS_POLICY", "{}")];
-    let mut held_env = env.to_vec();
-    held_env.push((
+    let Some(HeldCase {
+        w,
+        posts,
+        hold,
+        mut a,
+        _one_at_a_time: _serial,
+    }) = held_case(
+        "fencing an engine whose session was cut",
+        &env,
         "HANDOFFS_TEST_HOLD_ENGINE_WRITE",
-        hold.path().to_str().unwrap(),
-    ));
-    let mut a = engine_with(&w, "a.log", &held_env);
+    )
+    else {
+        return;
+    };
     let first = send(&w, "first");
     wait_until(&w, Duration::from_secs(20), "engine a at its write", || {
         hold.path().join("ready").exists()
@@ -708,19 +741,21 @@ fn an_engine_whose_session_was_cut_writes_nothing_after_another_took_its_recipie
 #[cfg(feature = "planted-bugs")]
 #[test]
 fn an_engine_stopped_inside_a_write_transaction_holds_up_the_others_only_briefly() {
-    let Some(admin) = common::postgres_or_skip("an engine stopped inside a transaction") else {
+    let env = [("HANDOFFS_LEASE_MS", "2000"), ("HANDOFFS_POLICY", "{}")];
+    let Some(HeldCase {
+        w,
+        posts,
+        hold,
+        mut a,
+        _one_at_a_time: _serial,
+    }) = held_case(
+        "an engine stopped inside a transaction",
+        &env,
+        "HANDOFFS_TEST_HOLD_IN_WRITE",
+    )
+    else {
         return;
     };
-    let _one_at_a_time = timing();
-    let w = World::on_postgres(&admin);
-    w.ok(&["agent", "add", "lead", "--provider", "demo"]);
-    let (url, posts) = recording_recipient(axum::Router::new());
-    w.register_http_agent("dev", &url);
-    let hold = tempfile::tempdir().unwrap();
-    let env = [("HANDOFFS_LEASE_MS", "2000"), ("HANDOFFS_POLICY", "{}")];
-    let mut held_env = env.to_vec();
-    held_env.push(("HANDOFFS_TEST_HOLD_IN_WRITE", hold.path().to_str().unwrap()));
-    let mut a = engine_with(&w, "a.log", &held_env);
     let pid = nix::unistd::Pid::from_raw(i32::try_from(a.0.id()).unwrap());
     wait_until(
         &w,
