@@ -125,6 +125,13 @@ fn leases(w: &World) -> BTreeMap<String, (String, i64, i64)> {
     .collect()
 }
 
+/// Whether `dev`'s lease passed from the engine with pid `from` (at token `fence`) to another.
+fn taken_over(w: &World, fence: i64, from: u32) -> bool {
+    leases(w)
+        .get("dev")
+        .is_some_and(|(e, f, _)| *f > fence && !is_pid(e, from))
+}
+
 /// Milliseconds since the epoch.
 fn now_ms() -> i64 {
     i64::try_from(
@@ -452,11 +459,7 @@ fn a_paused_engine_writes_nothing_after_its_lease_moved() {
         &w,
         Duration::from_secs(20),
         "engine b took the lease",
-        || {
-            leases(&w)
-                .get("dev")
-                .is_some_and(|(e, f, _)| *f > fence_a && !is_pid(e, a.0.id()))
-        },
+        || taken_over(&w, fence_a, a.0.id()),
     );
     // Engine b steps the second handoff under its lease (its look finds dev busy).
     std::thread::sleep(Duration::from_secs(1));
@@ -625,11 +628,7 @@ fn a_paused_engine_whose_write_was_issued_writes_nothing_after_its_lease_moved()
         &w,
         Duration::from_secs(20),
         "engine b took the lease",
-        || {
-            leases(&w)
-                .get("dev")
-                .is_some_and(|(e, f, _)| *f > fence_a && !is_pid(e, a.0.id()))
-        },
+        || taken_over(&w, fence_a, a.0.id()),
     );
     std::thread::sleep(Duration::from_secs(1));
     let fence_b = leases(&w)["dev"].1;
@@ -702,11 +701,7 @@ fn an_engine_whose_session_was_cut_writes_nothing_after_another_took_its_recipie
         &w,
         Duration::from_secs(20),
         "engine b took the recipient at once",
-        || {
-            leases(&w)
-                .get("dev")
-                .is_some_and(|(e, f, _)| *f > fence_a && !is_pid(e, a.0.id()))
-        },
+        || taken_over(&w, fence_a, a.0.id()),
     );
     let fence_b = leases(&w)["dev"].1;
     std::fs::write(hold.path().join("go"), "").unwrap();
