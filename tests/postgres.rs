@@ -810,6 +810,64 @@ fn an_engine_stopped_inside_a_write_transaction_holds_up_the_others_only_briefly
     kill9(&mut a);
 }
 
+/// `serve` on a shared database whose engine fails (stopped inside a write transaction
+/// while its session was cut, so its commit is lost) starts its engine again on a new
+/// session, as `run` does, while the page goes on; the handoff sent afterwards is delivered
+/// once. Without the restart `serve` ends with its engine's failure. Needs the test-only hold
+/// of `planted-bugs` builds (`HANDOFFS_TEST_HOLD_IN_WRITE`), so .ci/run runs it there.
+#[cfg(feature = "planted-bugs")]
+#[test]
+fn a_served_engine_that_failed_starts_again_on_a_new_session() {
+    let Some(admin) = common::postgres_or_skip("serve's engine starting again") else {
+        return;
+    };
+    let _one = timing();
+    let w = World::on_postgres(&admin);
+    w.ok(&["agent", "add", "lead", "--provider", "demo"]);
+    let (url, posts) = recording_recipient(axum::Router::new());
+    w.register_http_agent("dev", &url);
+    let hold = tempfile::tempdir().unwrap();
+    let mut cmd = w.cmd();
+    cmd.args(["serve", "--port", "0"])
+        .env("HANDOFFS_LEASE_MS", "2000")
+        .env("HANDOFFS_TEST_HOLD_IN_WRITE", hold.path())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(w.dir.path().join("a.log")).unwrap());
+    let mut serve = common::Engine(cmd.spawn().expect("spawn serve"));
+    wait_until(
+        &w,
+        Duration::from_secs(20),
+        "serve's engine inside a write transaction",
+        || hold.path().join("ready").exists(),
+    );
+    common::sql_rows(
+        &w.db,
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE datname = current_database() AND pid <> pg_backend_pid()) AS cut",
+    );
+    std::fs::write(hold.path().join("go"), "").unwrap();
+    wait_until(&w, Duration::from_secs(20), "serve's engine failed", || {
+        assert!(
+            serve.0.try_wait().unwrap().is_none(),
+            "serve ended with its engine: {}",
+            log_of(&w, "a.log")
+        );
+        log_of(&w, "a.log").contains("the engine starts again on a new session")
+    });
+    let sent = send(&w, "after serve's engine failed");
+    wait_until(&w, Duration::from_secs(30), "the handoff delivered", || {
+        !posts.lock().unwrap().is_empty()
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(posts.lock().unwrap().len(), 1, "{sent} written once");
+    assert!(
+        serve.0.try_wait().unwrap().is_none(),
+        "serve still runs: {}",
+        log_of(&w, "a.log")
+    );
+    kill9(&mut serve);
+}
+
 /// Two machines' worth of agents: each machine's engine (its own host name and state folder)
 /// runs the commands of the agents registered on it, and HTTP agents are served by either.
 /// Work handed from an agent on one machine to an agent on the other runs there.

@@ -14,6 +14,8 @@
 //! Only one engine delivers per database: it holds an exclusive lock on `<db>.engine` for its
 //! whole life (released by the OS if it is killed); another engine skips its pass and says so.
 
+pub mod restarts;
+
 use crate::adapter::outage;
 
 use crate::adapter::{Adapters, Write};

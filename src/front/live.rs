@@ -44,8 +44,9 @@ fn ended(result: Result<(), ServiceError>, failure: &Failure) -> Result<Ended, S
 
 /// Starts the engine on its own thread (it is built there: it is not `Send`); it stops when
 /// `stop` is cancelled. `None` when another engine already delivers for this database. An
-/// engine that stops on its own (its database gone) records why in `failure` and stops the
-/// rest too.
+/// engine on SQLite that stops on its own (its database gone) records why in `failure` and
+/// stops the rest too; one on PostgreSQL starts again on a new session instead, as `run` does
+/// (`engine::restarts`), while the page goes on.
 fn engine_thread(
     db: &Path,
     policy: Option<model::Policy>,
@@ -58,28 +59,6 @@ fn engine_thread(
     let handle = std::thread::Builder::new()
         .name("handoffs-engine".to_owned())
         .spawn(move || {
-            let started = Service::open(&db)
-                .map_err(ServiceError::from)
-                .and_then(|service| match Engine::new(service, false) {
-                    Ok(e) => Ok(Some(e.with_lease_ms(lease_ms))),
-                    Err(EngineError::Busy) => Ok(None),
-                    Err(e) => Err(refused(e.to_string())),
-                });
-            let engine = match started {
-                Ok(Some(e)) => e,
-                Ok(None) => {
-                    let _ = ready_tx.send(Ok(false));
-                    return;
-                }
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e));
-                    return;
-                }
-            };
-            let mut engine = match policy {
-                Some(p) => engine.with_policy(p),
-                None => engine,
-            };
             let rt = match tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -90,15 +69,73 @@ fn engine_thread(
                     return;
                 }
             };
+            let start = || {
+                Service::open(&db)
+                    .map_err(ServiceError::from)
+                    .and_then(|service| match Engine::new(service, false) {
+                        Ok(e) => Ok(Some(e.with_lease_ms(lease_ms))),
+                        Err(EngineError::Busy) => Ok(None),
+                        Err(e) => Err(refused(e.to_string())),
+                    })
+                    .map(|engine| {
+                        engine.map(|e| match policy.clone() {
+                            Some(p) => e.with_policy(p),
+                            None => e,
+                        })
+                    })
+            };
+            let mut engine = match start() {
+                Ok(Some(e)) => e,
+                Ok(None) => {
+                    let _ = ready_tx.send(Ok(false));
+                    return;
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
             let _ = ready_tx.send(Ok(true));
-            let watched = stop.clone();
-            if let Err(e) =
-                rt.block_on(engine.run(Duration::from_secs(5), watched.cancelled_owned()))
-            {
-                *failure
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(e);
-                stop.cancel();
+            let again = crate::service::is_postgres_url(&db);
+            let mut restarts = crate::engine::restarts::Restarts::default();
+            loop {
+                let started = std::time::Instant::now();
+                let ran =
+                    rt.block_on(engine.run(Duration::from_secs(5), stop.clone().cancelled_owned()));
+                let failed = match ran {
+                    Ok(()) => return,
+                    Err(e) if !again => {
+                        *failure
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(e);
+                        stop.cancel();
+                        return;
+                    }
+                    Err(e) => e,
+                };
+                drop(engine);
+                let mut said = failed;
+                engine = loop {
+                    let pause = restarts.after(started.elapsed());
+                    eprintln!(
+                        "handoffs: {said}; the engine starts again on a new session in {} s",
+                        pause.as_secs()
+                    );
+                    let stopped = rt.block_on(async {
+                        tokio::select! {
+                            () = stop.cancelled() => true,
+                            () = tokio::time::sleep(pause) => false,
+                        }
+                    });
+                    if stopped {
+                        return;
+                    }
+                    match start() {
+                        Ok(Some(e)) => break e,
+                        Ok(None) => "another engine holds this database".clone_into(&mut said),
+                        Err(e) => said = e.to_string(),
+                    }
+                };
             }
         })
         .map_err(|e| refused(format!("cannot start the engine: {e}")))?;

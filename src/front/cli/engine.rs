@@ -6,7 +6,7 @@ use super::{
 
 pub(super) fn engine_cmd(cli: &Cli, interval: Option<Duration>) -> Result<(), Failure> {
     let lease_ms = crate::service::leases::lease_ms_from_env().map_err(usage)?;
-    let mut pause = std::time::Duration::from_millis(500);
+    let mut restarts = crate::engine::restarts::Restarts::default();
     loop {
         let service = open_or_wait(cli, interval.is_some())?;
         let again = interval.is_some() && service.is_postgres();
@@ -30,18 +30,10 @@ pub(super) fn engine_cmd(cli: &Cli, interval: Option<Duration>) -> Result<(), Fa
         };
         let started = std::time::Instant::now();
         match deliver(cli, engine, interval) {
-            // On PostgreSQL an engine that failed (its session ended under it and took a
-            // batch's commit with it, the server restarted) starts again on a new session:
-            // what it did not commit it never acted on, and its old leases pass to whichever
-            // engine looks first once their session is gone. It waits a second, twice as long
-            // after each failure that came within a minute of its start (up to a minute), so
-            // a failure that persists (a read-only server) is said once a minute, not looped.
+            // On PostgreSQL an engine that failed starts again on a new session, after a
+            // pause that grows while it keeps failing (`engine::restarts`).
             Err(f) if again && f.code == 1 => {
-                pause = if started.elapsed() >= RESTART_CALM {
-                    std::time::Duration::from_secs(1)
-                } else {
-                    (pause * 2).min(RESTART_CALM)
-                };
+                let pause = restarts.after(started.elapsed());
                 eprintln!(
                     "handoffs: {}; starting again on a new session in {} s",
                     f.message,
@@ -53,10 +45,6 @@ pub(super) fn engine_cmd(cli: &Cli, interval: Option<Duration>) -> Result<(), Fa
         }
     }
 }
-
-/// An engine on PostgreSQL that ran this long before it failed starts again after a second;
-/// one that failed sooner waits twice as long as the last time, up to this.
-const RESTART_CALM: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// The database's service; a long-running engine that cannot reach a PostgreSQL server
 /// tries again (every second, saying so once) instead of exiting, so that a server's
