@@ -841,12 +841,17 @@ async fn fan_outs_waiting_show_and_joins_are_counted() {
         .unwrap()
         .to_owned();
     w.ok(&["return", &done, "--as", "writer", "--summary", "ok"]);
+    // The snapshot behind /api/status is rebuilt when the database changes (or every 2 s):
+    // one built between the two sends shows "look" alone, so the loop waits for the state
+    // after the return (at most 5 s), not for any single fan-out.
     let mut shown = Value::Null;
     for _ in 0..50 {
         let (_, v) = get(&app, "/api/status").await;
         if v["fanouts"].as_array().is_some_and(|f| f.len() == 1) {
             shown = v["fanouts"][0].clone();
-            break;
+            if shown["title"] == "wait" {
+                break;
+            }
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
