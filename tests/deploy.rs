@@ -47,6 +47,16 @@ fn compose_runs_only_commands_and_flags_that_exist() {
         seen += 1;
     }
     assert!(seen >= 4, "the team, two engines and the cli: {seen}");
+    // The page answers connections through the published port, which arrive from the
+    // network's gateway: the address `team` allows must be that gateway.
+    let gateway = compose
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("gateway: "))
+        .expect("the network's gateway is fixed");
+    assert!(
+        compose.contains(&format!("\"--allow-peer\", \"{gateway}\"")),
+        "team's page answers the gateway {gateway}"
+    );
     assert!(compose.contains("HANDOFFS_DB: postgres://"));
     assert!(help(&["run"]).contains("[env: HANDOFFS_DB]"));
 }

@@ -19,15 +19,18 @@ struct App {
 }
 
 fn app(public_demo: bool) -> App {
+    app_with(WebOptions {
+        public_demo,
+        remote_mcp: true,
+        ..WebOptions::default()
+    })
+}
+
+fn app_with(options: WebOptions) -> App {
     let world = common::World::new();
     for a in ["planner", "writer"] {
         world.ok(&["agent", "add", a, "--provider", "demo"]);
     }
-    let options = WebOptions {
-        public_demo,
-        remote_mcp: true,
-        ..WebOptions::default()
-    };
     let snaps = web::snapshots(&world.db, &options).expect("snapshots");
     let router = web::router(
         &world.db,
@@ -872,26 +875,33 @@ async fn fan_outs_waiting_show_and_joins_are_counted() {
     );
 }
 
+/// The status of a GET of `uri` with `Host: localhost:8765` from the peer `ip`.
+async fn get_from(a: &App, ip: impl Into<std::net::IpAddr>, uri: &str) -> StatusCode {
+    let mut req = Request::builder()
+        .method("GET")
+        .uri(uri)
+        .header("host", "localhost:8765")
+        .body(Body::empty())
+        .expect("request");
+    req.extensions_mut()
+        .insert(axum::extract::ConnectInfo(web::Peer(
+            std::net::SocketAddr::from((ip.into(), 40000)),
+        )));
+    a.router
+        .clone()
+        .oneshot(req)
+        .await
+        .expect("response")
+        .status()
+}
+
 /// The page and its API answer only this machine, whatever Host a client sends: a peer on
 /// the network that claims `Host: localhost` is refused; /healthz and /mcp (with its own
 /// token check) are the routes another machine may reach.
 #[tokio::test]
 async fn the_page_answers_only_peers_on_this_machine() {
     let a = app(false);
-    let from = |ip: [u8; 4], uri: &str| {
-        let mut req = Request::builder()
-            .method("GET")
-            .uri(uri)
-            .header("host", "localhost:8765")
-            .body(Body::empty())
-            .expect("request");
-        req.extensions_mut()
-            .insert(axum::extract::ConnectInfo(web::Peer(
-                std::net::SocketAddr::from((ip, 40000)),
-            )));
-        let router = a.router.clone();
-        async move { router.oneshot(req).await.expect("response").status() }
-    };
+    let from = |ip: [u8; 4], uri: &'static str| get_from(&a, ip, uri);
     for uri in ["/", "/api/status", "/api/events", "/metrics"] {
         assert_eq!(
             from([192, 0, 2, 2], uri).await,
@@ -903,4 +913,30 @@ async fn the_page_answers_only_peers_on_this_machine() {
     assert_eq!(from([192, 0, 2, 2], "/healthz").await, StatusCode::OK);
     // /mcp is reached, and refuses for want of a token, not for the peer.
     assert_eq!(from([192, 0, 2, 2], "/mcp").await, StatusCode::UNAUTHORIZED);
+}
+
+/// `--allow-peer IP` (a container's published port, whose connections arrive from the
+/// bridge's gateway): that address reaches the page and its API, in its IPv4 form or mapped
+/// into IPv6; any other peer (another container on the same network) is still refused.
+#[tokio::test]
+async fn an_allowed_peer_reaches_the_page_and_no_other() {
+    let gateway = std::net::Ipv4Addr::new(172, 31, 87, 1);
+    let a = app_with(WebOptions {
+        allowed_peers: vec![gateway.into()],
+        remote_mcp: true,
+        ..WebOptions::default()
+    });
+    for uri in ["/", "/api/status", "/metrics"] {
+        assert_eq!(get_from(&a, gateway, uri).await, StatusCode::OK, "{uri}");
+        assert_eq!(
+            get_from(&a, gateway.to_ipv6_mapped(), uri).await,
+            StatusCode::OK,
+            "{uri} from the gateway's IPv6-mapped form"
+        );
+        assert_eq!(
+            get_from(&a, std::net::Ipv4Addr::new(172, 31, 87, 3), uri).await,
+            StatusCode::FORBIDDEN,
+            "the page answered another container on {uri}"
+        );
+    }
 }

@@ -534,6 +534,7 @@ pub fn demo(
     port: Option<u16>,
     speed: f64,
     public_demo: bool,
+    allowed_peers: &[std::net::IpAddr],
     shared: Option<&Path>,
 ) -> Result<Ended, ServiceError> {
     if !(SPEED_MIN..=SPEED_MAX).contains(&speed) {
@@ -572,6 +573,7 @@ pub fn demo(
         },
         WebOptions {
             public_demo,
+            allowed_peers: allowed_peers.to_vec(),
             ..WebOptions::default()
         },
         &stop,

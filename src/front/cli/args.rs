@@ -224,6 +224,10 @@ pub enum Command {
         /// Answer any Host, refuse sends, and show plain state sentences.
         #[arg(long)]
         public_demo: bool,
+        /// An IP address whose connections the page and its API answer as this machine's
+        /// (the gateway a container's published port forwards from); repeat it for several.
+        #[arg(long, value_name = "IP", conflicts_with = "public_demo")]
+        allow_peer: Vec<std::net::IpAddr>,
     },
     /// Runs the real engine against simulated agents with the faults one seed draws, and
     /// judges every guarantee (same seed, same bytes).
@@ -451,6 +455,10 @@ pub struct ServeArgs {
     /// localhost); repeat it for several.
     #[arg(long, value_name = "NAME")]
     pub allow_host: Vec<String>,
+    /// An IP address whose connections the page and its API answer as this machine's (the
+    /// gateway a container's published port forwards from); repeat it for several.
+    #[arg(long, value_name = "IP", conflicts_with = "public_demo")]
+    pub allow_peer: Vec<std::net::IpAddr>,
     /// A folder of Markdown files served as project memory to remote MCP sessions.
     #[arg(long, value_name = "DIR")]
     pub context_library: Option<PathBuf>,

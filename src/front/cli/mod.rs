@@ -241,12 +241,13 @@ pub fn run(cli: &Cli) -> Result<(), Failure> {
             host,
             speed,
             public_demo,
+            allow_peer,
         } => {
             // On a PostgreSQL database the demo plays its team there, beside the engines of
             // other machines (compose.yaml); otherwise on a temporary SQLite file.
             let db = db_path(cli);
             let shared = crate::service::is_postgres_url(&db).then_some(db.as_path());
-            crate::front::live::demo(host, *port, *speed, *public_demo, shared)?;
+            crate::front::live::demo(host, *port, *speed, *public_demo, allow_peer, shared)?;
             Err(Failure {
                 code: crate::front::live::stop_code(),
                 message: String::new(),
@@ -338,6 +339,7 @@ fn serve(cli: &Cli, args: &ServeArgs) -> Result<(), Failure> {
     let options = crate::front::web::WebOptions {
         public_demo: args.public_demo,
         allowed_hosts: args.allow_host.clone(),
+        allowed_peers: args.allow_peer.clone(),
         remote_mcp: true,
         context_library: args.context_library.clone(),
     };

@@ -76,6 +76,10 @@ pub struct WebOptions {
     pub public_demo: bool,
     /// Host names (or `name:port`) answered besides loopback (`serve --allow-host`).
     pub allowed_hosts: Vec<String>,
+    /// Peer addresses whose connections count as this machine's for the page and its API,
+    /// besides loopback (`--allow-peer`: the gateway a container's published port forwards
+    /// from).
+    pub allowed_peers: Vec<std::net::IpAddr>,
     /// Answer remote MCP at `/mcp` (off for the public demo, which answers any Host).
     pub remote_mcp: bool,
     /// The context library remote MCP sessions serve (`serve --context-library`).
@@ -87,6 +91,13 @@ impl WebOptions {
     /// name (with any port) or by `name:port`.
     pub fn host_allowed(&self, host: &str) -> bool {
         loopback_host(host) || self.remote_host(host)
+    }
+
+    /// True for a peer the page and its API answer: loopback, or an address given with
+    /// `--allow-peer` (an IPv4 peer seen by an IPv6 socket compares as IPv4).
+    pub fn local_peer(&self, ip: std::net::IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        ip.is_loopback() || self.allowed_peers.iter().any(|a| a.to_canonical() == ip)
     }
 
     /// True for a Host named by `--allow-host` (an entry without a port matches any port,
@@ -446,7 +457,7 @@ async fn host_check(
             .get::<axum::extract::ConnectInfo<Peer>>()
             .map(|c| c.0.0.ip());
         if !remote_ok
-            && peer.is_some_and(|ip| !ip.is_loopback())
+            && peer.is_some_and(|ip| !state.options.local_peer(ip))
             && !crate::planted(crate::Plant::RemotePageOpen)
         {
             return error(
