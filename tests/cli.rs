@@ -104,6 +104,18 @@ fn usage_errors_exit_2() {
     );
     assert_fails(&w, &["config", "enabled", "maybe"], 2, "true or false");
     assert_fails(&w, &["run", "--interval", "0"], 2, "--interval");
+    assert_fails(
+        &w,
+        &["serve", "--allow-peer", "gateway"],
+        2,
+        "invalid value 'gateway' for '--allow-peer <IP>'",
+    );
+    assert_fails(
+        &w,
+        &["demo", "--allow-peer", "10.0.0.1", "--public-demo"],
+        2,
+        "cannot be used with",
+    );
     assert_fails(&w, &["read", "abc", "--as", "b"], 2, "too short");
     assert_fails(&w, &["read", "abcdef"], 2, "--as");
     // An oversize message (too long for argv, so through stdin).

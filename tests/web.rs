@@ -939,4 +939,23 @@ async fn an_allowed_peer_reaches_the_page_and_no_other() {
             "the page answered another container on {uri}"
         );
     }
+    // The Host check still applies to an allowed peer.
+    let mut req = Request::builder()
+        .method("GET")
+        .uri("/api/status")
+        .header("host", "172.31.87.2:8765")
+        .body(Body::empty())
+        .expect("request");
+    req.extensions_mut()
+        .insert(axum::extract::ConnectInfo(web::Peer(
+            std::net::SocketAddr::from((gateway, 40000)),
+        )));
+    let status = a
+        .router
+        .clone()
+        .oneshot(req)
+        .await
+        .expect("response")
+        .status();
+    assert_eq!(status, StatusCode::FORBIDDEN, "a Host that is not loopback");
 }

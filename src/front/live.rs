@@ -111,12 +111,17 @@ fn engine_thread(
                         stop.cancel();
                         return;
                     }
+                    // Stopped (Ctrl+C) while its last flush failed: nothing starts again.
+                    Err(_) if stop.is_cancelled() => return,
                     Err(e) => e,
                 };
                 drop(engine);
-                let mut said = failed;
+                // A failed start after the pause counts as a failure right after a start, so
+                // a server that stays away is retried at a growing pause, not every second.
+                let (mut said, mut ran) = (failed, started.elapsed());
                 engine = loop {
-                    let pause = restarts.after(started.elapsed());
+                    let pause = restarts.after(ran);
+                    ran = Duration::ZERO;
                     eprintln!(
                         "handoffs: {said}; the engine starts again on a new session in {} s",
                         pause.as_secs()
@@ -170,7 +175,13 @@ fn token_of(db: &Path) -> String {
         .unwrap_or_default()
 }
 
-fn warn_if_public(host: &str, public_demo: bool, allow_hosts: bool, https: bool) {
+fn warn_if_public(
+    host: &str,
+    public_demo: bool,
+    allow_hosts: bool,
+    https: bool,
+    allowed_peers: &[std::net::IpAddr],
+) {
     let loopback = host == "localhost"
         || host
             .parse::<std::net::IpAddr>()
@@ -193,6 +204,14 @@ fn warn_if_public(host: &str, public_demo: bool, allow_hosts: bool, https: bool)
                  page answers this machine; remote agents need --allow-host NAME for /mcp)"
             );
         }
+    }
+    if !allowed_peers.is_empty() {
+        let peers: Vec<String> = allowed_peers.iter().map(ToString::to_string).collect();
+        eprintln!(
+            "handoffs: the page and its API answer connections from {} as this machine's \
+             (--allow-peer): publish the port on this machine's loopback only",
+            peers.join(", ")
+        );
     }
 }
 
@@ -383,6 +402,7 @@ pub fn serve(
     let https = tls.is_some();
     let public_demo = options.public_demo;
     let allow_hosts = !options.allowed_hosts.is_empty();
+    let peers = options.allowed_peers.clone();
     Service::open(db)?;
     let stop = CancellationToken::new();
     let failure: Failure = Arc::default();
@@ -394,7 +414,7 @@ pub fn serve(
         &stop,
         || engine_thread(db, policy, stop.clone(), failure.clone()),
         |addr| {
-            warn_if_public(host, public_demo, allow_hosts, https);
+            warn_if_public(host, public_demo, allow_hosts, https, &peers);
             if public_demo {
                 eprintln!(
                     "handoffs: warning: --public-demo on a real database shows its handoffs to \
@@ -596,7 +616,7 @@ pub fn demo(
             Ok(engine)
         },
         |addr| {
-            warn_if_public(host, public_demo, false, false);
+            warn_if_public(host, public_demo, false, false, allowed_peers);
             let url = url_for(addr, (!public_demo).then_some(token.as_str()), false);
             let end = if shared.is_some() {
                 "Ctrl+C stops the demo; its team and their work stay in the database"
