@@ -231,6 +231,65 @@ fn engines_whose_sessions_ended_go_on_and_deliver_once() {
     }
 }
 
+/// A `tick` on a shared database renews the leases of the recipients it serves while its
+/// jobs last, as `run` does: its write waits 3 s on a slow recipient, three times the 1 s
+/// lease, and all that while the lease stays the tick's, its expiry ahead of the clock (so
+/// no other engine may take the recipient), until the tick ends and lets it go.
+#[test]
+fn a_tick_keeps_its_leases_while_its_writes_last() {
+    let Some(admin) = common::postgres_or_skip("a tick's leases") else {
+        return;
+    };
+    let _one = timing();
+    let w = World::on_postgres(&admin);
+    w.ok(&["agent", "add", "lead", "--provider", "demo"]);
+    let posts = w.dir.path().join("posts.log");
+    let url = common::http_recipient_taking(posts.clone(), None, Duration::from_secs(3));
+    w.register_http_agent("dev", &url);
+    let id = send(&w, "slow to accept");
+    let mut tick = w
+        .cmd()
+        .args(["tick"])
+        .env("HANDOFFS_LEASE_MS", "1000")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(w.dir.path().join("a.log")).unwrap())
+        .spawn()
+        .expect("spawn tick");
+    let started = Instant::now();
+    let mut seen = 0;
+    while tick.try_wait().unwrap().is_none() {
+        // A lease let go keeps its row (and token), expiring at 0.
+        if let Some((engine, _, expires)) = leases(&w).get("dev").filter(|l| l.2 != 0) {
+            let now = now_ms();
+            assert!(
+                *expires > now,
+                "dev's lease (engine {engine}) expired {} ms ago while the tick still served it, {:?} into the tick",
+                now - expires,
+                started.elapsed()
+            );
+            seen += 1;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the tick ended within 30 s: {}",
+            log_of(&w, "a.log")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(tick.wait().unwrap().success(), "{}", log_of(&w, "a.log"));
+    assert!(
+        seen >= 20,
+        "the tick's lease was seen while its 3 s write lasted ({seen} looks)"
+    );
+    let written = std::fs::read_to_string(&posts).unwrap_or_default();
+    assert!(written.contains("start "), "{id} was written: {written}");
+    assert_eq!(
+        leases(&w).get("dev").map(|l| l.2),
+        Some(0),
+        "the tick let its lease go"
+    );
+}
+
 /// Recipients with a delivery not yet settled (queued, waiting, in a turn, uncertain).
 fn unsettled_recipients(w: &World) -> Vec<String> {
     common::sql_rows(

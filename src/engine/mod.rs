@@ -521,8 +521,26 @@ impl Engine {
         let mut busy = HashSet::new();
         self.dispatch(&mut jobs, &mut busy, &mut report, false, usize::MAX);
         let (ctx, svc) = (self.ctx.clone(), self.service.clone());
-        while let Some((_, part)) = flushing(&ctx, &svc, jobs.next()).await {
-            report.absorb(part);
+        // On a shared database the leases of the recipients this pass serves are renewed
+        // while its jobs last (a write that waits on a slow recipient outlasts a lease), as
+        // `run` renews them: another engine does not take a recipient from a pass still
+        // serving it. Dropping the jobs' future between renewals loses nothing.
+        let every = self
+            .service
+            .borrow()
+            .fencing()
+            .map(|f| Duration::from_millis(f.renew_every()));
+        let mut renew = tokio::time::interval(every.unwrap_or(Duration::from_secs(3600)));
+        renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        renew.tick().await;
+        loop {
+            tokio::select! {
+                next = flushing(&ctx, &svc, jobs.next()) => match next {
+                    Some((_, part)) => report.absorb(part),
+                    None => break,
+                },
+                _ = renew.tick(), if every.is_some() => self.keep_leases(&busy, &mut report),
+            }
         }
         if let Err(e) = sync_all(&self.ctx, &self.service) {
             report.errors.push(e.to_string());
