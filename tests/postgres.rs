@@ -86,15 +86,24 @@ fn engine(w: &World, name: &str) -> common::Engine {
     engine_with(w, name, &[])
 }
 
+/// The `run` an engine of these cases is.
+const RUN: [&str; 3] = ["run", "--interval", "0.2"];
+
 /// An engine with `env` besides the world's, its log appended to `name`.
 fn engine_with(w: &World, name: &str, env: &[(&str, &str)]) -> common::Engine {
+    process_with(w, name, &RUN, env)
+}
+
+/// `handoffs ARGS` (an engine, or `serve` with its own) with `env` besides the world's, its
+/// log appended to `name`.
+fn process_with(w: &World, name: &str, args: &[&str], env: &[(&str, &str)]) -> common::Engine {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(w.dir.path().join(name))
         .unwrap();
     let mut cmd = w.cmd();
-    cmd.args(["run", "--interval", "0.2"])
+    cmd.args(args)
         .env("HANDOFFS_LOG", "info")
         .stdout(Stdio::null())
         .stderr(log);
@@ -628,6 +637,17 @@ struct HeldCase {
 
 #[cfg(feature = "planted-bugs")]
 fn held_case(case: &str, env: &[(&str, &str)], hold_var: &str) -> Option<HeldCase> {
+    held_case_of(case, &RUN, env, hold_var)
+}
+
+/// [`held_case`] with `handoffs ARGS` as process a.
+#[cfg(feature = "planted-bugs")]
+fn held_case_of(
+    case: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+    hold_var: &str,
+) -> Option<HeldCase> {
     let admin = common::postgres_or_skip(case)?;
     let one_at_a_time = timing();
     let w = World::on_postgres(&admin);
@@ -637,7 +657,7 @@ fn held_case(case: &str, env: &[(&str, &str)], hold_var: &str) -> Option<HeldCas
     let hold = tempfile::tempdir().unwrap();
     let mut held_env = env.to_vec();
     held_env.push((hold_var, hold.path().to_str().unwrap()));
-    let a = engine_with(&w, "a.log", &held_env);
+    let a = process_with(&w, "a.log", args, &held_env);
     Some(HeldCase {
         w,
         posts,
@@ -877,22 +897,21 @@ fn an_engine_stopped_inside_a_write_transaction_holds_up_the_others_only_briefly
 #[cfg(feature = "planted-bugs")]
 #[test]
 fn a_served_engine_that_failed_starts_again_on_a_new_session() {
-    let Some(admin) = common::postgres_or_skip("serve's engine starting again") else {
+    let Some(HeldCase {
+        w,
+        posts,
+        hold,
+        a: mut serve,
+        _one_at_a_time: _serial,
+    }) = held_case_of(
+        "serve's engine starting again",
+        &["serve", "--port", "0"],
+        &[("HANDOFFS_LEASE_MS", "2000")],
+        "HANDOFFS_TEST_HOLD_IN_WRITE",
+    )
+    else {
         return;
     };
-    let _one = timing();
-    let w = World::on_postgres(&admin);
-    w.ok(&["agent", "add", "lead", "--provider", "demo"]);
-    let (url, posts) = recording_recipient(axum::Router::new());
-    w.register_http_agent("dev", &url);
-    let hold = tempfile::tempdir().unwrap();
-    let mut cmd = w.cmd();
-    cmd.args(["serve", "--port", "0"])
-        .env("HANDOFFS_LEASE_MS", "2000")
-        .env("HANDOFFS_TEST_HOLD_IN_WRITE", hold.path())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(w.dir.path().join("a.log")).unwrap());
-    let mut serve = common::Engine(cmd.spawn().expect("spawn serve"));
     wait_until(
         &w,
         Duration::from_secs(20),
