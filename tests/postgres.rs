@@ -670,8 +670,9 @@ fn held_case_of(
 /// Fencing at the write: engine a commits a write's reservation and send boundary (the
 /// write is issued) and is paused with SIGSTOP right before it goes out, past its lease;
 /// engine b takes the recipient. Resumed, a finds by its own clocks that its lease is no
-/// longer its own and writes nothing (the write stays issued and unwritten, as after a crash).
-/// With that check removed (`no_write_fence`) it writes. Needs the test-only hold of
+/// longer its own, writes nothing and says so (the write is withheld, queued again, and engine b
+/// delivers it at once instead of finding it UNCERTAIN a minute later). With that check
+/// removed (`no_write_fence`) it writes. Needs the test-only hold of
 /// `planted-bugs` builds (`HANDOFFS_TEST_HOLD_ENGINE_WRITE`), so .ci/run runs it there.
 #[cfg(feature = "planted-bugs")]
 #[test]
@@ -722,17 +723,13 @@ fn a_paused_engine_whose_write_was_issued_writes_nothing_after_its_lease_moved()
                 || !posts.lock().unwrap().is_empty()
         },
     );
-    std::thread::sleep(Duration::from_millis(500));
-    let writes = posts.lock().unwrap().clone();
-    assert!(
-        writes.is_empty(),
-        "engine a, paused after issuing its write past its lease (fence {fence_a}), wrote after engine b took it (fence {fence_b}): {writes:?}\nengine a: {}",
-        log_of(&w, "a.log")
-    );
-    assert!(
-        log_of(&w, "a.log").contains("no longer holds the lease on dev"),
-        "engine a said why it wrote nothing: {}",
-        log_of(&w, "a.log")
+    withheld_then_delivered_by_b(
+        &w,
+        &posts,
+        &first,
+        (fence_a, fence_b),
+        "paused after issuing its write past its lease",
+        "it",
     );
     kill9(&mut a);
 }
@@ -741,7 +738,8 @@ fn a_paused_engine_whose_write_was_issued_writes_nothing_after_its_lease_moved()
 /// write-time check) when its server session ends (`pg_terminate_backend`, as a network fault
 /// or a server restart would end it). Engine b takes the recipient at once (the lease names a
 /// session that is gone), long before the lease would expire, so engine a still has time by
-/// its own clock; released, it reads the lease in the database and writes nothing. Without
+/// its own clock; released, it reads the lease in the database, writes nothing and withholds
+/// the write, which engine b then delivers. Without
 /// that read (the check of its own deadline alone), it wrote: the model checker's
 /// counterexample (`model/tests/fencing.rs`), here with real processes. Needs the test-only
 /// hold of `planted-bugs` builds (`HANDOFFS_TEST_HOLD_ENGINE_WRITE`).
@@ -795,15 +793,65 @@ fn an_engine_whose_session_was_cut_writes_nothing_after_another_took_its_recipie
                 || !posts.lock().unwrap().is_empty()
         },
     );
-    std::thread::sleep(Duration::from_secs(2));
+    withheld_then_delivered_by_b(
+        &w,
+        &posts,
+        &first,
+        (fence_a, fence_b),
+        "whose session was cut",
+        "its recipient",
+    );
+    kill9(&mut a);
+}
+
+/// Engine a, fenced at its write of `first` (reserved under `fence_a`), wrote nothing and said
+/// so: the write is queued again at once and engine b (its token `fence_b`) delivers it, once,
+/// instead of finding it UNCERTAIN when the sending timeout runs out. Every write the
+/// recipient saw carries engine b's token; a write of engine a fails with "engine a, `how`
+/// (fence …), wrote after engine b took `what`".
+#[cfg(feature = "planted-bugs")]
+fn withheld_then_delivered_by_b(
+    w: &World,
+    posts: &std::sync::Mutex<Vec<serde_json::Value>>,
+    first: &str,
+    (fence_a, fence_b): (i64, i64),
+    how: &str,
+    what: &str,
+) {
+    let of_first = |writes: &[serde_json::Value]| {
+        writes
+            .iter()
+            .filter(|p| p["text"].as_str().is_some_and(|t| t.contains("first")))
+            .count()
+    };
+    wait_until(
+        w,
+        Duration::from_secs(30),
+        "engine b delivered the handoff engine a withheld",
+        || of_first(&posts.lock().unwrap()) > 0,
+    );
+    std::thread::sleep(Duration::from_secs(1));
     let writes = posts.lock().unwrap().clone();
     assert!(
-        writes.is_empty(),
-        "engine a, whose session was cut (fence {fence_a}), wrote after engine b took its recipient (fence {fence_b}): {writes:?}\nengine a: {}",
-        log_of(&w, "a.log")
+        writes.iter().all(|p| p["fence"] == fence_b),
+        "engine a, {how} (fence {fence_a}), wrote after engine b took {what} (fence {fence_b}): {writes:?}\nengine a: {}",
+        log_of(w, "a.log")
     );
-    assert_eq!(w.json(&["status", &first])["state"], "SENDING");
-    kill9(&mut a);
+    assert_eq!(
+        of_first(&writes),
+        1,
+        "the withheld handoff was written once: {writes:?}"
+    );
+    let log = log_of(w, "a.log");
+    assert!(
+        log.contains("no longer holds the lease on dev") && log.contains("write withheld"),
+        "engine a said why it wrote nothing, and recorded it: {log}"
+    );
+    assert_ne!(
+        w.json(&["status", first])["state"],
+        "SENDING",
+        "the withheld write was not left SENDING"
+    );
 }
 
 /// An engine stopped inside a write transaction (SIGSTOP, a suspended laptop) holds the

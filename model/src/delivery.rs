@@ -266,7 +266,7 @@ impl Delivery {
     /// The reason for the current state, in plain words.
     pub fn detail(&self) -> String {
         let base = match self {
-            Delivery::Waiting(w) => match w.reason {
+            Delivery::Waiting(w) => match &w.reason {
                 WaitingReason::Queued => "queued; the next pass tries it".to_owned(),
                 WaitingReason::Resend => format!(
                     "queued again as an automatic resend with a fresh request id (earlier: {})",
@@ -281,6 +281,9 @@ impl Delivery {
                     "a one-shot tick cannot start a {} turn; run `handoffs run` or `handoffs serve`",
                     w.core.target.provider.as_str()
                 ),
+                WaitingReason::Withheld { detail } => {
+                    format!("queued again, nothing written: {detail}")
+                }
             },
             Delivery::Busy(b) => match &b.reason {
                 BusyReason::RecipientInTurn { turn, detail } => {

@@ -135,6 +135,13 @@ pub enum WriteOutcome {
     /// began, or another process took the session, after the engine's last look); nothing was
     /// written. The delivery waits, as for a busy recipient; this is no refusal.
     Busy { detail: String },
+    /// The engine did not hand the write to the adapter: right before it, the recipient's
+    /// lease was found to have passed to another engine (fencing, issue 17). Nothing was
+    /// written, and the engine that held back says so, in a transaction that does not need
+    /// the lease: the reservation it made is backed out (its attempt stays counted, unused),
+    /// so the engine that serves the recipient now delivers it at once instead of finding it
+    /// UNCERTAIN once the sending timeout runs out.
+    Withheld { detail: String },
     /// An error after the write may have been sent.
     Failed { detail: String },
     /// No answer in time.

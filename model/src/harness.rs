@@ -148,7 +148,7 @@ pub fn decode(data: &[u8], max_events: usize) -> (Delivery, Vec<Event>) {
                 work_open: !b.next().is_multiple_of(4),
             },
             4 => EventKind::WriteResult {
-                outcome: match b.next() % 6 {
+                outcome: match b.next() % 7 {
                     0 => WriteOutcome::Receipt {
                         turn,
                         request_id: Some(request_id),
@@ -164,8 +164,11 @@ pub fn decode(data: &[u8], max_events: usize) -> (Delivery, Vec<Event>) {
                         detail: "reset".to_owned(),
                     },
                     4 => WriteOutcome::TimedOut,
-                    _ => WriteOutcome::Busy {
+                    5 => WriteOutcome::Busy {
                         detail: "a turn began".to_owned(),
+                    },
+                    _ => WriteOutcome::Withheld {
+                        detail: "the lease moved".to_owned(),
                     },
                 },
             },

@@ -244,6 +244,10 @@ pub enum WaitingReason {
     Resend,
     /// A one-shot `tick` cannot start a turn that lives inside its own process.
     NeedsRunningEngine,
+    /// The engine that reserved the write was fenced right before it (the recipient's lease
+    /// had passed to another engine) and wrote nothing: queued again, for the engine that
+    /// serves the recipient now. `detail` names the engine that held back.
+    Withheld { detail: String },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

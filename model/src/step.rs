@@ -418,6 +418,11 @@ fn on_write_result(record: Delivery, outcome: WriteOutcome, now: Millis, policy:
                 waiting.core.busy_at_write = times;
                 done(waiting.busy(BusyReason::AtTheWrite { detail, times }, now))
             }
+            WriteOutcome::Withheld { detail } => {
+                let mut waiting = s.back_out(now);
+                waiting.reason = WaitingReason::Withheld { detail };
+                done(waiting)
+            }
             WriteOutcome::Failed { detail } => {
                 done(s.uncertain(UncertainCause::WriteError { detail }, None, now))
             }

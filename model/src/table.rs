@@ -507,6 +507,15 @@ pub fn sample_events() -> Vec<(&'static str, Event)> {
             ),
         ),
         (
+            "write: withheld (fenced engine)",
+            at(
+                SECOND,
+                write(WriteOutcome::Withheld {
+                    detail: "the lease moved".to_owned(),
+                }),
+            ),
+        ),
+        (
             "write: error",
             at(
                 SECOND,

@@ -9,11 +9,18 @@
 //! history scan that found nothing, accepted), and the recipient records every write that
 //! reaches it, with the lease in the database at that moment.
 //!
-//! The properties: a step commits only under the lease of the engine that takes it; a write reaches the recipient only under the lease its reservation was
-//! made under (fencing); no write reaches a turn that is running (G3 across engines); no write
-//! reaches the recipient after its delivery was released as never written (an honest
-//! release). Each check of the product removed (a planted bug of this world) must be caught
-//! with its property's name.
+//! An engine fenced at its write wrote nothing and says so (`WriteOutcome::Withheld`, a
+//! transaction that needs no lease): the delivery goes back to the queue when it is still the
+//! reservation that engine made (its token), and stays as it is otherwise (UNCERTAIN after
+//! the sending timeout, released after a scan).
+//!
+//! The properties: a step commits only under the lease of the engine that takes it; a write
+//! reaches the recipient only under the lease its reservation was made under (fencing); no
+//! write reaches a turn that is running (G3 across engines); no write reaches the recipient
+//! after its delivery was released as never written (an honest release); nothing goes back to
+//! the queue from UNCERTAIN or a release (G4); no handoff reaches the recipient twice (G2); and,
+//! reachable, a withheld write reaches the recipient through the other engine. Each check of
+//! the product removed (a planted bug of this world) must be caught with its property's name.
 //!
 //! Clocks: in one world they agree; in another, one engine's runs 2 s ahead (past the lease's
 //! margin), so it takes leases early: the properties still hold, by the read of the lease
@@ -66,6 +73,12 @@ enum Job {
     Written {
         msg: usize,
     },
+    /// Fenced at its write of `msg` (reserved under `fence`), it wrote nothing and is about
+    /// to say so (`WriteOutcome::Withheld`, a transaction that needs no lease).
+    Withholding {
+        msg: usize,
+        fence: i64,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -98,12 +111,18 @@ struct State {
     stale_write: bool,
     into_running_turn: bool,
     after_release: bool,
+    /// A handoff reached the recipient a second time.
+    twice: bool,
+    /// A delivery went back to the queue from UNCERTAIN or after its release.
+    requeued_from_uncertain: bool,
     /// Ghosts for the reachability properties.
     passed_while_issued: bool,
     fenced_at_write: bool,
     fenced_at_step: bool,
     resumed_own_lease: bool,
     landed: BTreeSet<usize>,
+    /// Messages a fenced engine withheld (backed out, nothing written).
+    withheld: BTreeSet<usize>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -121,6 +140,8 @@ enum Action {
     /// The engine's server session is cut (a network fault, a server restart); the engine
     /// goes on, unaware until its next statement.
     CutSession(usize),
+    /// A fenced engine records that its write was withheld.
+    Withhold(usize),
 }
 
 /// A check of the product removed, to show that the properties catch it.
@@ -134,6 +155,10 @@ enum Plant {
     /// product before the database check: a cut session let another engine take over at
     /// once while the first still wrote by its own clock).
     WriteCheckLocalOnly,
+    /// The withheld write is recorded without checking that the delivery is still the
+    /// reservation the fenced engine made (`no_withhold_check`): it backs out whatever the
+    /// delivery became meanwhile.
+    NoWithholdCheck,
 }
 
 struct World {
@@ -284,6 +309,9 @@ impl Model for World {
             fenced_at_step: false,
             resumed_own_lease: false,
             landed: BTreeSet::new(),
+            withheld: BTreeSet::new(),
+            requeued_from_uncertain: false,
+            twice: false,
         }]
     }
 
@@ -316,6 +344,7 @@ impl Model for World {
             match engine.job {
                 Job::Issued { .. } => actions.push(Action::Write(e)),
                 Job::Written { .. } => actions.push(Action::Confirm(e)),
+                Job::Withholding { .. } => actions.push(Action::Withhold(e)),
                 Job::Idle if engine.held.is_some() => {
                     for m in 0..2 {
                         match s.stages[m] {
@@ -416,13 +445,14 @@ impl Model for World {
                     s.into_running_turn |= s.turn.is_some();
                     s.after_release |= s.stages[msg] == Stage::Released;
                     s.turn = Some(msg);
-                    s.landed.insert(msg);
+                    s.twice |= !s.landed.insert(msg);
                     s.engines[e].job = Job::Written { msg };
                 } else {
-                    // Left as a crash leaves it: reserved, its write issued and unwritten.
+                    // Nothing written; the engine says so next (or crashes first, and the
+                    // delivery is left as a crash leaves it: its write issued, unwritten).
                     s.fenced_at_write = true;
                     s.engines[e].held = None;
-                    s.engines[e].job = Job::Idle;
+                    s.engines[e].job = Job::Withholding { msg, fence };
                 }
             }
             Action::Confirm(e) => {
@@ -434,6 +464,23 @@ impl Model for World {
                     && matches!(s.stages[msg], Stage::Sending { .. } | Stage::Uncertain)
                 {
                     s.stages[msg] = Stage::Accepted;
+                }
+            }
+            Action::Withhold(e) => {
+                let Job::Withholding { msg, fence } = s.engines[e].job else {
+                    return None;
+                };
+                s.engines[e].job = Job::Idle;
+                Self::touch(&mut s, e);
+                // No lease needed: the step applies only to the very reservation this engine
+                // made (the delivery's token is the one it reserved under, and the model's
+                // rule backs out only an issued write still SENDING).
+                let mine = matches!(s.stages[msg], Stage::Sending { fence: f, .. } if f == fence);
+                if mine || self.plant == Some(Plant::NoWithholdCheck) {
+                    s.requeued_from_uncertain |=
+                        matches!(s.stages[msg], Stage::Uncertain | Stage::Released);
+                    s.stages[msg] = Stage::Queued;
+                    s.withheld.insert(msg);
                 }
             }
             Action::Expire(e, m) => {
@@ -468,6 +515,18 @@ impl Model for World {
             Property::always(
                 "no write reaches the recipient after its delivery was released as unwritten",
                 |_, s: &State| !s.after_release,
+            ),
+            Property::always(
+                "nothing goes back to the queue from UNCERTAIN or a release (G4)",
+                |_, s: &State| !s.requeued_from_uncertain,
+            ),
+            Property::always(
+                "no handoff reaches the recipient twice (G2)",
+                |_, s: &State| !s.twice,
+            ),
+            Property::sometimes(
+                "a write a fenced engine withheld reaches the recipient through the other engine",
+                |_, s: &State| s.withheld.iter().any(|m| s.landed.contains(m)),
             ),
             Property::sometimes(
                 "the lease passes to another engine while a write is issued",
@@ -523,7 +582,7 @@ fn two_engines_with_fencing_write_only_under_their_lease() {
     );
     checker.assert_properties();
     assert_eq!(
-        unique, 2_352_483,
+        unique, 3_201_961,
         "the fencing model's state count changed: update the pinned count if the change is intended"
     );
 }
@@ -543,7 +602,7 @@ fn two_engines_whose_clocks_disagree_still_write_only_under_their_lease() {
     );
     checker.assert_properties();
     assert_eq!(
-        unique, 291_158,
+        unique, 357_779,
         "the fencing model's state count changed: update the pinned count if the change is intended"
     );
 }
@@ -594,4 +653,12 @@ fn a_write_without_the_lease_check_is_caught() {
 #[test]
 fn a_write_checked_by_the_engines_own_clock_alone_is_caught_after_a_cut_session() {
     caught(Plant::WriteCheckLocalOnly, FENCED);
+}
+
+#[test]
+fn a_withheld_write_recorded_without_checking_the_reservation_is_caught() {
+    caught(
+        Plant::NoWithholdCheck,
+        "nothing goes back to the queue from UNCERTAIN or a release (G4)",
+    );
 }

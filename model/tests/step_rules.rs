@@ -288,6 +288,46 @@ fn a_write_turned_away_busy_waits_and_never_counts_as_a_refusal() {
 }
 
 #[test]
+fn a_write_withheld_by_a_fenced_engine_is_queued_again_and_never_backs_out_an_uncertain_one() {
+    let withheld = || WriteOutcome::Withheld {
+        detail: "engine e1 lost the lease on bob before its write".to_owned(),
+    };
+    let mut d = Drive::new(work());
+    d.up_to_write().write(withheld());
+    assert_eq!(d.kind(), StateKind::Waiting, "nothing was written");
+    assert!(
+        d.record
+            .detail()
+            .contains("nothing written: engine e1 lost the lease"),
+        "{}",
+        d.record.detail()
+    );
+    assert_eq!(d.record.core().request_id().as_str(), "r1");
+    assert_eq!(d.record.core().attempts(), 1, "the attempt stays counted");
+    d.up_to_write().write(WriteOutcome::Receipt {
+        turn: TurnId::new("t1"),
+        request_id: Some(RequestId::new("r1")),
+    });
+    assert_eq!(
+        d.kind(),
+        StateKind::Accepted,
+        "delivered by the next reservation"
+    );
+    // Past the sending timeout the write is UNCERTAIN: a late word from the fenced engine
+    // changes nothing (nothing is resent from UNCERTAIN).
+    let mut d = Drive::new(work());
+    d.up_to_write();
+    d.at(60_000).on(EventKind::TimePassed);
+    assert_eq!(d.kind(), StateKind::Uncertain);
+    d.write(withheld());
+    assert_eq!(
+        d.kind(),
+        StateKind::Uncertain,
+        "never backed out once UNCERTAIN"
+    );
+}
+
+#[test]
 fn a_write_with_no_reply_in_sixty_seconds_becomes_uncertain_and_is_never_resent() {
     let mut d = Drive::new(work());
     d.up_to_write();

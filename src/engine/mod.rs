@@ -1053,8 +1053,19 @@ async fn deliver(
                     Delivery::Sending(s) => *s.issued_at(),
                     _ => None,
                 });
+                // The token this write was reserved under (the send boundary's step, just
+                // committed under the lease, extended it): what a withheld write names.
+                let reserved_under = svc.borrow().fencing().and_then(|f| f.fence_of(&agent.id));
                 let outcome =
-                    issued_write(ctx, svc, id, &agent, looked, request_id.as_str(), report).await?;
+                    match issued_write(ctx, svc, id, &agent, looked, request_id.as_str(), report)
+                        .await
+                    {
+                        Err(fenced @ ServiceError::Fenced(_)) => {
+                            withhold(ctx, svc, id, reserved_under, &fenced, report);
+                            return Err(fenced);
+                        }
+                        outcome => outcome?,
+                    };
                 apply_all(
                     ctx,
                     svc,
@@ -1160,6 +1171,47 @@ async fn observe(
     }
 }
 
+/// Says that the write of delivery `id`, reserved under the token `reserved_under`, was
+/// withheld because this engine was fenced (`fenced`) right before it: nothing was written,
+/// so the delivery is queued again for the engine that serves its recipient now, instead of
+/// turning UNCERTAIN when the sending timeout runs out (an hour of history scans for a write
+/// that provably never left). Best effort: when it cannot be recorded (the database is out
+/// of reach, or the delivery moved on) the delivery is left as a crash leaves it.
+fn withhold(
+    ctx: &Ctx,
+    svc: &RefCell<Service>,
+    id: &str,
+    reserved_under: Option<i64>,
+    fenced: &ServiceError,
+    report: &mut PassReport,
+) {
+    let Some(fence) = reserved_under else {
+        return;
+    };
+    let policy = &ctx.policy;
+    let schedule = |_: &Change, record: &Delivery, agent: Option<&AgentRow>, now: Millis| {
+        due_after(policy, record, agent, now)
+    };
+    let detail = fenced.to_string();
+    match svc
+        .borrow_mut()
+        .commit_withheld(id, policy, fence, detail, &schedule)
+    {
+        Ok(Some(_)) => {
+            report.moved += 1;
+            tracing::info!(
+                delivery = id,
+                fence,
+                "write withheld, queued again for the engine that serves its recipient now"
+            );
+        }
+        Ok(None) => {}
+        Err(e) => report
+            .errors
+            .push(format!("{id}: recording the withheld write: {e}")),
+    }
+}
+
 /// The planted bug `reserve_after_write`, a pure reordering: the reservation and the send
 /// boundary are decided exactly as the correct engine decides them (same facts, same
 /// `step`), but committed only after the write. The recipient sees a write its store does
@@ -1258,7 +1310,7 @@ async fn issued_write(
     // clock, with its margin, and in the database, with the token the reservation was made
     // under. An engine paused since its reservation (past the lease, which another engine
     // may have taken), or whose server session was cut and its lease taken over at once,
-    // writes nothing; the delivery is left as a crash leaves it.
+    // writes nothing (and says so: `withhold`, by the caller).
     let fence = if crate::planted(crate::Plant::NoWriteFence) {
         svc.borrow().fencing().and_then(|f| f.fence_of(&agent.id))
     } else {

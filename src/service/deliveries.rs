@@ -75,7 +75,59 @@ impl Service {
                 started,
             );
         }
-        // Said once it is committed: a step rolled back never shows as a move.
+        Self::log_moves(id, &committed, by_person, moves);
+        Ok(committed)
+    }
+
+    /// Records that this engine, fenced right before its write of delivery `id` (the
+    /// recipient's lease had passed to another engine), wrote nothing: the step
+    /// `WriteOutcome::Withheld`, in a transaction that needs no lease (this engine holds none
+    /// now). It applies only to the very reservation the engine made: the delivery still
+    /// carries the token `fence` it was reserved under, and `step` backs out only a write
+    /// still SENDING (once UNCERTAIN it stays so: nothing is resent from there). `None` when
+    /// the delivery moved on meanwhile; nothing is recorded then.
+    pub fn commit_withheld(
+        &mut self,
+        id: &str,
+        policy: &Policy,
+        fence: i64,
+        detail: String,
+        schedule: Schedule<'_>,
+    ) -> Result<Option<Committed>> {
+        let now = self.now();
+        let done = self.store.write(|tx| {
+            if tx.delivery_fence(id)? != Some(fence) {
+                return Ok(None);
+            }
+            let outcome = model::WriteOutcome::Withheld { detail };
+            let events = |_: &StepReads<'_, '_>| Ok(vec![EventKind::WriteResult { outcome }]);
+            steps_in(
+                tx,
+                id,
+                policy,
+                events,
+                &mut |_, _, _| Ok(None),
+                schedule,
+                now,
+                None,
+            )
+            .map(Some)
+        })?;
+        let Some((committed, by_person, moves)) = done else {
+            return Ok(None);
+        };
+        Self::log_moves(id, &committed, by_person, moves);
+        Ok(Some(committed))
+    }
+
+    /// Says what a committed step did, once it is committed: a step rolled back never shows
+    /// as a move.
+    fn log_moves(
+        id: &str,
+        committed: &Committed,
+        by_person: bool,
+        moves: Vec<(model::StateKind, model::StateKind, String)>,
+    ) {
         if by_person {
             tracing::info!(
                 delivery = id,
@@ -94,7 +146,6 @@ impl Service {
                 );
             }
         }
-        Ok(committed)
     }
 }
 

@@ -318,8 +318,7 @@ impl Service {
     ///
     /// An engine past its own deadline (back from a stall) takes the lease up again when
     /// nobody took it meanwhile (`hold`, in a transaction of its own) and writes after all:
-    /// its write would otherwise stay issued and unwritten, UNCERTAIN for an hour of history
-    /// scans, though no other engine ever served the recipient.
+    /// it would otherwise withhold a write that no other engine was in the way of.
     ///
     /// `Some(token)` to write with (`None` inside: a service that is not an engine's, which
     /// may always write), or `None`: no write.
