@@ -804,6 +804,81 @@ fn an_engine_whose_session_was_cut_writes_nothing_after_another_took_its_recipie
     kill9(&mut a);
 }
 
+/// A `run` whose engine failed (its session ended inside a write transaction, held there by
+/// the test-only hold) while its server went out of reach (its database closed to new
+/// sessions) waits to start again, saying so, and stops at once when asked, as it does while
+/// it delivers: SIGTERM, as a service manager asks, ends it with 143 and "stopped". The waits
+/// were plain sleeps: the process died of the signal instead (no exit code, no word).
+#[cfg(feature = "planted-bugs")]
+#[test]
+fn a_run_waiting_for_its_server_stops_when_asked() {
+    let Some(HeldCase {
+        w,
+        hold,
+        mut a,
+        _one_at_a_time: _serial,
+        ..
+    }) = held_case(
+        "a run waiting for its server",
+        &[("HANDOFFS_POLICY", "{}")],
+        "HANDOFFS_TEST_HOLD_IN_WRITE",
+    )
+    else {
+        return;
+    };
+    let admin = common::postgres_or_skip("a run waiting for its server").unwrap();
+    wait_until(
+        &w,
+        Duration::from_secs(20),
+        "engine a inside a write transaction",
+        || hold.path().join("ready").exists(),
+    );
+    let name = common::sql_rows(&w.db, "SELECT current_database()").remove(0);
+    // From the server's own database: a database cannot close itself to sessions.
+    common::sql_rows(
+        std::path::Path::new(&admin),
+        &format!(
+            "ALTER DATABASE \"{name}\" ALLOW_CONNECTIONS false;
+             SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"
+        ),
+    );
+    std::fs::write(hold.path().join("go"), "").unwrap();
+    wait_until(
+        &w,
+        Duration::from_secs(30),
+        "engine a waits to start again",
+        || log_of(&w, "a.log").contains("trying again every second"),
+    );
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(a.0.id()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let asked = Instant::now();
+    let stopped = loop {
+        if let Some(status) = a.0.try_wait().unwrap() {
+            break Some(status);
+        }
+        if asked.elapsed() > Duration::from_secs(10) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    common::sql_rows(
+        std::path::Path::new(&admin),
+        &format!("ALTER DATABASE \"{name}\" ALLOW_CONNECTIONS true"),
+    );
+    let status = stopped.unwrap_or_else(|| {
+        panic!(
+            "a run waiting for its server went on for 10 s after SIGTERM: {}",
+            log_of(&w, "a.log")
+        )
+    });
+    assert_eq!(
+        status.code(),
+        Some(143),
+        "stopped by SIGTERM: {}",
+        log_of(&w, "a.log")
+    );
+}
+
 /// Engine a, fenced at its write of `first` (reserved under `fence_a`), wrote nothing and said
 /// so: the write is queued again at once and engine b (its token `fence_b`) delivers it, once,
 /// instead of finding it UNCERTAIN when the sending timeout runs out. Every write the

@@ -39,7 +39,7 @@ pub(super) fn engine_cmd(cli: &Cli, interval: Option<Duration>) -> Result<(), Fa
                     f.message,
                     pause.as_secs()
                 );
-                std::thread::sleep(pause);
+                pause_unless_stopped(pause)?;
             }
             other => return other,
         }
@@ -58,10 +58,29 @@ fn open_or_wait(cli: &Cli, keep_trying: bool) -> Result<Service, Failure> {
                     eprintln!("handoffs: {}; trying again every second", f.message);
                     said = true;
                 }
-                std::thread::sleep(std::time::Duration::from_secs(1));
+                pause_unless_stopped(std::time::Duration::from_secs(1))?;
             }
             other => return other,
         }
+    }
+}
+
+/// Waits `pause`, unless asked to stop meanwhile (Ctrl+C or SIGTERM): then the failure that
+/// ends `run` with that signal's code, as a stop while it delivers does (a plain sleep left
+/// the signal to its default action: the process died of it, with no exit code and no word).
+fn pause_unless_stopped(pause: Duration) -> Result<(), Failure> {
+    let stopped = runtime()?.block_on(async {
+        tokio::select! {
+            () = tokio::time::sleep(pause) => None,
+            code = crate::front::live::stop_signal(false) => Some(code),
+        }
+    });
+    match stopped {
+        None => Ok(()),
+        Some(code) => Err(Failure {
+            code,
+            message: "stopped".to_owned(),
+        }),
     }
 }
 
