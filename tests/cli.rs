@@ -118,25 +118,33 @@ fn usage_errors_exit_2() {
     );
     assert_fails(&w, &["read", "abc", "--as", "b"], 2, "too short");
     assert_fails(&w, &["read", "abcdef"], 2, "--as");
-    // An oversize message (too long for argv, so through stdin).
-    let mut child = w
-        .cmd()
-        .args(["send", "a", "b", "-"])
-        .stdin(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    {
-        use std::io::Write as _;
-        let _ = child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all("x".repeat(200_001).as_bytes());
-    }
-    let out = child.wait_with_output().unwrap();
+    // Through stdin: an oversize message (too long for argv), and one with a NUL character
+    // (argv cannot hold one; PostgreSQL cannot store one, so neither backend takes it).
+    let send_stdin = |body: &[u8]| {
+        let mut child = w
+            .cmd()
+            .args(["send", "a", "b", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        {
+            use std::io::Write as _;
+            let _ = child.stdin.take().unwrap().write_all(body);
+        }
+        child.wait_with_output().unwrap()
+    };
+    let out = send_stdin("x".repeat(200_001).as_bytes());
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr_line(&out).contains("the limit is 200000"));
+    let out = send_stdin(b"before\0after");
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_line(&out));
+    assert!(
+        stderr_line(&out).contains("the message contains a NUL character"),
+        "{}",
+        stderr_line(&out)
+    );
+
     assert_fails(
         &w,
         &["send", "a", "b", "hi", "--title", &"t".repeat(201)],

@@ -212,6 +212,7 @@ fn private_file(path: &Path, contents: Option<&[u8]>) -> std::io::Result<()> {
 }
 
 fn check_text(what: &str, s: &str, max: usize, required: bool) -> Result<()> {
+    super::check_no_nul(what, s)?;
     if required && s.trim().is_empty() {
         return usage(format!("{what} is empty"));
     }

@@ -164,9 +164,22 @@ fn truncate(s: &str, chars: usize) -> String {
 }
 
 fn check_len(what: &str, value: &str, max: usize) -> Result<()> {
+    check_no_nul(what, value)?;
     let n = value.chars().count();
     if n > max {
         usage(format!("{what} is {n} characters; the limit is {max}"))
+    } else {
+        Ok(())
+    }
+}
+
+/// Text with a NUL character is refused on both backends alike: PostgreSQL cannot store one
+/// in a `text` column, and a store whose backends kept different texts would not be one.
+fn check_no_nul(what: &str, value: &str) -> Result<()> {
+    if value.contains('\0') {
+        usage(format!(
+            "{what} contains a NUL character (\\0), which cannot be stored"
+        ))
     } else {
         Ok(())
     }

@@ -499,6 +499,11 @@ impl ToSql for Val {
                 Type::FLOAT8 => f.to_sql(ty, out),
                 _ => f.to_string().as_str().to_sql(ty, out),
             },
+            // The service refuses such text at its door; this names the cause should any
+            // other text carry one (PostgreSQL's own word is an encoding error).
+            Val::Text(s) if s.contains('\0') => {
+                Err("text with a NUL character (\\0) cannot be stored in PostgreSQL".into())
+            }
             Val::Text(s) => match *ty {
                 Type::INT8 => s.parse::<i64>()?.to_sql(ty, out),
                 _ => s.as_str().to_sql(ty, out),
