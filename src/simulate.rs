@@ -921,10 +921,12 @@ fn report(r: &Report<'_>) -> (String, bool) {
                 .events
                 .iter()
                 .filter(|e| matches!(e.kind.as_str(), "state" | "reminder" | "release" | "chain"))
+                // The database's history line: committed by whichever engine (or a person)
+                // took the step, which the line does not say.
                 .map(|e| {
                     (
                         e.at,
-                        "engine".to_owned(),
+                        "history".to_owned(),
                         format!("{} {}", short(&e.message), e.detail),
                     )
                 }),
