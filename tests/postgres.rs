@@ -240,6 +240,52 @@ fn engines_whose_sessions_ended_go_on_and_deliver_once() {
     }
 }
 
+/// A `run` whose server goes out of reach for a while (its sessions ended, its database
+/// closed to new ones) goes on trying, says so without flooding its log (each distinct error
+/// once a window, the same ones again once every 10 s: it logged every error of every pass,
+/// about five lines a second, before), and delivers again once the server is back.
+#[test]
+fn a_run_rides_out_a_server_away_and_says_so_quietly() {
+    let Some(admin) = common::postgres_or_skip("a server away for a while") else {
+        return;
+    };
+    let w = team(&admin);
+    let _a = engine(&w, "a.log");
+    let first = send(&w, "before the server went away");
+    wait_until(&w, Duration::from_secs(20), "the handoff delivered", || {
+        returned(&w, &first)
+    });
+    let name = common::sql_rows(&w.db, "SELECT current_database()").remove(0);
+    let admin_db = std::path::Path::new(&admin);
+    // From the server's own database: a database cannot close itself to sessions.
+    common::sql_rows(
+        admin_db,
+        &format!(
+            "ALTER DATABASE \"{name}\" ALLOW_CONNECTIONS false;
+             SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"
+        ),
+    );
+    std::thread::sleep(Duration::from_secs(6));
+    common::sql_rows(
+        admin_db,
+        &format!("ALTER DATABASE \"{name}\" ALLOW_CONNECTIONS true"),
+    );
+    let log = log_of(&w, "a.log");
+    let said = log.matches("engine pass").count();
+    assert!(said > 0, "the engine said the server was away: {log}");
+    assert!(
+        said <= 6,
+        "the engine said the same errors {said} times in 6 s: {log}"
+    );
+    let second = send(&w, "after the server came back");
+    wait_until(
+        &w,
+        Duration::from_secs(30),
+        "the handoff delivered after the server came back",
+        || returned(&w, &second),
+    );
+}
+
 /// A `tick` on a shared database renews the leases of the recipients it serves while its
 /// jobs last, as `run` does: its write waits 3 s on a slow recipient, three times the 1 s
 /// lease, and all that while the lease stays the tick's, its expiry ahead of the clock (so

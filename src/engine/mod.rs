@@ -255,6 +255,9 @@ pub struct Engine {
     /// When enrolment and reminders last ran, and when a report was last saved.
     last_housekeeping: Option<Millis>,
     last_report: Option<Millis>,
+    /// The errors last logged (each once, with how often), and when: the same ones again
+    /// (a server that stays away fails every pass) are logged once a heartbeat, not each time.
+    errors_said: Option<(Vec<(String, usize)>, Millis)>,
     /// The database's `data_version` when housekeeping last ran (another process's commit
     /// changes it), and when the next reminder falls due.
     housekeeping_seen: i64,
@@ -341,6 +344,7 @@ impl Engine {
             files: true,
             last_housekeeping: None,
             last_report: None,
+            errors_said: None,
             housekeeping_seen: 0,
             next_reminder: None,
             shared,
@@ -578,6 +582,32 @@ impl Engine {
             one_shot: self.ctx.one_shot,
             ..PassReport::default()
         }
+    }
+
+    /// Logs the errors of a report window: each distinct one once, with how often it came;
+    /// the very same ones as last time only once a heartbeat ([`REPORT_HEARTBEAT_MS`]), so a
+    /// server that stays away is said every 10 s, not on every pass of every second.
+    fn log_errors(&mut self, errors: &[String], now: Millis) {
+        let mut counted: Vec<(String, usize)> = Vec::new();
+        for e in errors {
+            match counted.iter_mut().find(|(seen, _)| seen == e) {
+                Some((_, n)) => *n += 1,
+                None => counted.push((e.clone(), 1)),
+            }
+        }
+        let same = |said: &[(String, usize)]| {
+            said.len() == counted.len() && said.iter().zip(&counted).all(|(a, b)| a.0 == b.0)
+        };
+        if let Some((said, at)) = &self.errors_said
+            && same(said)
+            && now.since(*at) < REPORT_HEARTBEAT_MS
+        {
+            return;
+        }
+        for (e, times) in &counted {
+            tracing::warn!(error = %e, times, "engine pass");
+        }
+        self.errors_said = (!counted.is_empty()).then_some((counted, now));
     }
 
     fn save_report(&mut self, report: &mut PassReport, at: Millis) {
@@ -1465,9 +1495,7 @@ impl Engine {
                     || (ms >= HOUSEKEEPING_INTERVAL_MS
                         && (report.moved > 0 || !report.errors.is_empty()))
             }) {
-                for e in &report.errors {
-                    tracing::warn!(error = %e, "engine pass");
-                }
+                self.log_errors(&report.errors, now);
                 report.took_ms = elapsed_ms(window);
                 self.save_report(&mut report, now);
                 report = self.new_report();
