@@ -156,9 +156,12 @@ enum Plant {
     /// once while the first still wrote by its own clock).
     WriteCheckLocalOnly,
     /// The withheld write is recorded without checking that the delivery is still the
-    /// reservation the fenced engine made (`no_withhold_check`): it backs out whatever the
+    /// reservation the fenced engine made (a world plant only): it backs out whatever the
     /// delivery became meanwhile.
     NoWithholdCheck,
+    /// The engine says it withheld a write that went out (a world plant only: a write whose
+    /// reply was lost taken for one never sent).
+    WithholdAfterWrite,
 }
 
 struct World {
@@ -446,7 +449,11 @@ impl Model for World {
                     s.after_release |= s.stages[msg] == Stage::Released;
                     s.turn = Some(msg);
                     s.twice |= !s.landed.insert(msg);
-                    s.engines[e].job = Job::Written { msg };
+                    s.engines[e].job = if self.plant == Some(Plant::WithholdAfterWrite) {
+                        Job::Withholding { msg, fence }
+                    } else {
+                        Job::Written { msg }
+                    };
                 } else {
                     // Nothing written; the engine says so next (or crashes first, and the
                     // delivery is left as a crash leaves it: its write issued, unwritten).
@@ -653,6 +660,14 @@ fn a_write_without_the_lease_check_is_caught() {
 #[test]
 fn a_write_checked_by_the_engines_own_clock_alone_is_caught_after_a_cut_session() {
     caught(Plant::WriteCheckLocalOnly, FENCED);
+}
+
+#[test]
+fn a_write_said_withheld_after_it_went_out_is_caught() {
+    caught(
+        Plant::WithholdAfterWrite,
+        "no handoff reaches the recipient twice (G2)",
+    );
 }
 
 #[test]

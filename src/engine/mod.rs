@@ -1083,15 +1083,14 @@ async fn deliver(
                     Delivery::Sending(s) => *s.issued_at(),
                     _ => None,
                 });
-                // The token this write was reserved under (the send boundary's step, just
-                // committed under the lease, extended it): what a withheld write names.
-                let reserved_under = svc.borrow().fencing().and_then(|f| f.fence_of(&agent.id));
+                // The reservation this write belongs to: what a withheld write names.
+                let attempt = current.core().attempts();
                 let outcome =
                     match issued_write(ctx, svc, id, &agent, looked, request_id.as_str(), report)
                         .await
                     {
                         Err(fenced @ ServiceError::Fenced(_)) => {
-                            withhold(ctx, svc, id, reserved_under, &fenced, report);
+                            withhold(ctx, svc, id, (&request_id, attempt), &fenced, report);
                             return Err(fenced);
                         }
                         outcome => outcome?,
@@ -1201,7 +1200,7 @@ async fn observe(
     }
 }
 
-/// Says that the write of delivery `id`, reserved under the token `reserved_under`, was
+/// Says that the write of delivery `id` (its `reservation`: request id and attempt) was
 /// withheld because this engine was fenced (`fenced`) right before it: nothing was written,
 /// so the delivery is queued again for the engine that serves its recipient now, instead of
 /// turning UNCERTAIN when the sending timeout runs out (an hour of history scans for a write
@@ -1211,13 +1210,10 @@ fn withhold(
     ctx: &Ctx,
     svc: &RefCell<Service>,
     id: &str,
-    reserved_under: Option<i64>,
+    reservation: (&model::RequestId, u32),
     fenced: &ServiceError,
     report: &mut PassReport,
 ) {
-    let Some(fence) = reserved_under else {
-        return;
-    };
     let policy = &ctx.policy;
     let schedule = |_: &Change, record: &Delivery, agent: Option<&AgentRow>, now: Millis| {
         due_after(policy, record, agent, now)
@@ -1225,13 +1221,14 @@ fn withhold(
     let detail = fenced.to_string();
     match svc
         .borrow_mut()
-        .commit_withheld(id, policy, fence, detail, &schedule)
+        .commit_withheld(id, policy, reservation, detail, &schedule)
     {
         Ok(Some(_)) => {
             report.moved += 1;
             tracing::info!(
                 delivery = id,
-                fence,
+                request = %reservation.0,
+                attempt = reservation.1,
                 "write withheld, queued again for the engine that serves its recipient now"
             );
         }
@@ -1344,14 +1341,26 @@ async fn issued_write(
     let fence = if crate::planted(crate::Plant::NoWriteFence) {
         svc.borrow().fencing().and_then(|f| f.fence_of(&agent.id))
     } else {
-        let Some(fence) = svc.borrow_mut().may_write_now(&agent.id, id)? else {
-            let engine = svc.borrow().fencing().map(|f| f.engine.clone());
-            return Err(service::Service::fenced(
-                &agent.id,
-                &engine.unwrap_or_default(),
-            ));
+        let checked = svc.borrow_mut().may_write_now(&agent.id, id);
+        let engine = || {
+            svc.borrow()
+                .fencing()
+                .map(|f| f.engine.clone())
+                .unwrap_or_default()
         };
-        fence
+        match checked {
+            Ok(Some(fence)) => fence,
+            Ok(None) => return Err(service::Service::fenced(&agent.id, &engine())),
+            // The lease cannot be read (a session cut under the engine): no write without it,
+            // and another engine may serve the recipient now.
+            Err(e) => {
+                return Err(ServiceError::Fenced(format!(
+                    "engine {} cannot read its lease on {} right before its write ({e}), so it writes nothing",
+                    engine(),
+                    agent.id
+                )));
+            }
+        }
     };
     let mut outcome = write_now(ctx, svc, id, agent, request_id, fence, report).await?;
     if ctx.policy.planted(model::PlantedBug::RetryUnknownWrite)

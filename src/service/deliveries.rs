@@ -80,23 +80,29 @@ impl Service {
     }
 
     /// Records that this engine, fenced right before its write of delivery `id` (the
-    /// recipient's lease had passed to another engine), wrote nothing: the step
-    /// `WriteOutcome::Withheld`, in a transaction that needs no lease (this engine holds none
-    /// now). It applies only to the very reservation the engine made: the delivery still
-    /// carries the token `fence` it was reserved under, and `step` backs out only a write
-    /// still SENDING (once UNCERTAIN it stays so: nothing is resent from there). `None` when
+    /// recipient's lease had passed to another engine, or could not be read), wrote nothing:
+    /// the step `WriteOutcome::Withheld`, in a transaction that needs no lease (this engine
+    /// may hold none now). It applies only to the very reservation the engine made, named by
+    /// its request id and attempt (one reservation each: the attempt grows with every one, a
+    /// resend takes a fresh request id), its write issued and still SENDING (`step` backs out
+    /// nothing else: once UNCERTAIN it stays so, nothing is resent from there). `None` when
     /// the delivery moved on meanwhile; nothing is recorded then.
     pub fn commit_withheld(
         &mut self,
         id: &str,
         policy: &Policy,
-        fence: i64,
+        (request_id, attempt): (&model::RequestId, u32),
         detail: String,
         schedule: Schedule<'_>,
     ) -> Result<Option<Committed>> {
         let now = self.now();
         let done = self.store.write(|tx| {
-            if tx.delivery_fence(id)? != Some(fence) {
+            let mine = tx.delivery(id)?.is_some_and(|row| {
+                matches!(&row.record, Delivery::Sending(s) if s.write_issued()
+                    && s.core().request_id() == request_id
+                    && s.core().attempts() == attempt)
+            });
+            if !mine {
                 return Ok(None);
             }
             let outcome = model::WriteOutcome::Withheld { detail };
@@ -117,7 +123,7 @@ impl Service {
             return Ok(None);
         };
         Self::log_moves(id, &committed, by_person, moves);
-        Ok(Some(committed))
+        Ok(matches!(committed.change, Change::Moved { .. }).then_some(committed))
     }
 
     /// Says what a committed step did, once it is committed: a step rolled back never shows
