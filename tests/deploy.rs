@@ -167,6 +167,36 @@ fn the_image_runs_the_binary_it_built() {
         .expect("a user");
     let name = user["USER ".len()..].split(':').next().unwrap();
     assert!(name != "root" && name != "0", "not root: {user}");
+    // Every folder compose.yaml mounts a volume at is made in the image, the user's own
+    // (`nonroot` is 65532 in the distroless image): Docker fills a new named volume from
+    // the image's folder, owner included, and would otherwise make it root's, where the
+    // state folder cannot be made private (podman gives a new volume to the user instead).
+    assert!(dockerfile.contains("USER nonroot:nonroot"), "{user}");
+    let compose = repo_file("compose.yaml");
+    let mounts: std::collections::BTreeSet<&str> = compose
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- state-"))
+        .filter_map(|m| m.split_once(':').map(|(_, path)| path))
+        .collect();
+    assert!(!mounts.is_empty(), "compose.yaml mounts the state volumes");
+    let (made, home) = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("COPY --from=build --chown=65532:65532 "))
+        .and_then(|l| l.split_once(' '))
+        .expect("a folder copied from the build stage as the user's own");
+    for path in mounts {
+        let name = path
+            .strip_prefix(home)
+            .unwrap_or_else(|| panic!("{path}, compose.yaml's volume, is under {home}"));
+        assert!(
+            dockerfile.contains(&format!("mkdir -p {made}{name}")),
+            "the image makes {path}, compose.yaml's volume, its user's own"
+        );
+        assert!(
+            dockerfile.contains(&format!("HANDOFFS_STATE_DIR={path}")),
+            "the state folder is {path}"
+        );
+    }
     // The build stage's Rust is the one this workspace builds with.
     let toolchain = lines
         .iter()

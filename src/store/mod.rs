@@ -322,7 +322,9 @@ impl Store {
                 // This user's state folder of handoffs: private, however it came to be.
                 std::fs::create_dir_all(dir)
                     .map_err(|e| StoreError::Io(format!("cannot create {}: {e}", dir.display())))?;
-                set_mode(dir, 0o700).map_err(|e| StoreError::Io(e.to_string()))?;
+                set_mode(dir, 0o700).map_err(|e| {
+                    StoreError::Io(format!("cannot make {} private (0700): {e}", dir.display()))
+                })?;
             }
             let token_created = ensure_token(&token)?;
             return Ok((store, created || token_created));
@@ -333,7 +335,9 @@ impl Store {
         {
             std::fs::create_dir_all(dir)
                 .map_err(|e| StoreError::Io(format!("cannot create {}: {e}", dir.display())))?;
-            set_mode(dir, 0o700).map_err(|e| StoreError::Io(e.to_string()))?;
+            set_mode(dir, 0o700).map_err(|e| {
+                StoreError::Io(format!("cannot make {} private (0700): {e}", dir.display()))
+            })?;
         }
         if !existed {
             // Create the file with 0600 before SQLite opens it.
