@@ -86,7 +86,7 @@ const FIRST: i64 = 13;
 
 /// `STEPS[i]` migrates a PostgreSQL database from version `FIRST + i` to the next: the same
 /// change as SQLite's migration of that number, in PostgreSQL's spelling.
-const STEPS: [&str; 1] = [
+const STEPS: [&str; 2] = [
     // 13 → 14: recipient leases with fencing tokens, each agent's machine, and the token a
     // delivery's reservation was made under (`store::leases`).
     r#"
@@ -103,6 +103,8 @@ CREATE VIEW live_leases AS
 ALTER TABLE agents ADD COLUMN host TEXT COLLATE "C";
 ALTER TABLE deliveries ADD COLUMN fence BIGINT;
 "#,
+    // 14 → 15: a delivery may wait with the reason `withheld`; no schema change.
+    "",
 ];
 
 /// Applies the steps after `from`, under the writers' lock the caller holds, and records the
