@@ -117,6 +117,21 @@ fn usage_errors_exit_2() {
         "cannot be used with",
     );
     assert_fails(&w, &["read", "abc", "--as", "b"], 2, "too short");
+    // A PostgreSQL URL the driver cannot take is a usage error, its password never shown.
+    let bad_port = ["--db", "postgres://u:hunter2@db:notaport/team", "status"];
+    assert_fails(&w, &bad_port, 2, "is not a PostgreSQL URL the driver takes");
+    assert!(!stderr_line(&w.run(&bad_port)).contains("hunter2"));
+    assert_fails(
+        &w,
+        &[
+            "--db",
+            "postgres://db/team?no_such_option=1",
+            "agent",
+            "list",
+        ],
+        2,
+        "is not a PostgreSQL URL",
+    );
     assert_fails(&w, &["read", "abcdef"], 2, "--as");
     // Through stdin: an oversize message (too long for argv), and one with a NUL character
     // (argv cannot hold one; PostgreSQL cannot store one, so neither backend takes it).

@@ -30,6 +30,22 @@ pub fn is_url(db: &std::path::Path) -> bool {
         .is_some_and(|s| s.starts_with("postgres://") || s.starts_with("postgresql://"))
 }
 
+/// Whether `db`, when it is a PostgreSQL URL, is one the driver takes: `Err` says what is
+/// wrong with it (its password left out), a usage error rather than a failed connection.
+pub fn check_url(db: &std::path::Path) -> Result<(), String> {
+    if !is_url(db) {
+        return Ok(());
+    }
+    let text = db.to_string_lossy();
+    text.parse::<postgres::Config>().map(|_| ()).map_err(|e| {
+        let why = std::error::Error::source(&e).map_or_else(|| e.to_string(), ToString::to_string);
+        format!(
+            "--db (or HANDOFFS_DB) is not a PostgreSQL URL the driver takes: {} ({why})",
+            redacted(&text)
+        )
+    })
+}
+
 /// `url` without its secrets, for messages and file names: the password (in the user part
 /// or a `password=` parameter) shown as `***`; a URL that does not parse (several hosts,
 /// say) shows as its scheme alone, so nothing unparsed ever reaches a message.

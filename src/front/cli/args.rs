@@ -6,8 +6,9 @@ use super::{Args, Outcome, Parser, PathBuf, Subcommand, Value};
 #[derive(Debug, Parser)]
 #[command(name = "handoffs", version, about, max_term_width = 100)]
 pub struct Cli {
-    /// The database [env: HANDOFFS_DB] [default: ./.handoffs/handoffs.sqlite3]
-    #[arg(long, global = true, value_name = "PATH")]
+    /// The database: a SQLite file's path, or a postgres:// URL for PostgreSQL [env:
+    /// HANDOFFS_DB] [default: ./.handoffs/handoffs.sqlite3]
+    #[arg(long, global = true, value_name = "PATH|URL")]
     pub db: Option<PathBuf>,
     /// Print one JSON document instead of text.
     #[arg(long, global = true)]
