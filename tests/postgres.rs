@@ -286,6 +286,76 @@ fn a_run_rides_out_a_server_away_and_says_so_quietly() {
     );
 }
 
+/// TLS to the server: with `sslmode=require` and `sslrootcert` (the test server's own CA,
+/// which .ci/run makes) the CLI and an engine work over encrypted sessions only, a handoff
+/// goes through, and the server's certificate is checked: without the CA it is refused, by
+/// name. With no `sslmode` a session is not encrypted, as before TLS was supported.
+#[test]
+fn sslmode_require_encrypts_every_session_and_checks_the_servers_certificate() {
+    let Some(admin) = common::postgres_or_skip("TLS to the server") else {
+        return;
+    };
+    let Some(ca) = std::env::var_os("HANDOFFS_TEST_POSTGRES_CA") else {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "the test server offers no TLS (CI=true): start it with ssl on and set HANDOFFS_TEST_POSTGRES_CA to its CA, as .ci/run does"
+        );
+        eprintln!("skipped: no HANDOFFS_TEST_POSTGRES_CA (the test server's CA)");
+        return;
+    };
+    let w = team(&admin);
+    let plain = w.db.to_string_lossy().into_owned();
+    let sep = if plain.contains('?') { '&' } else { '?' };
+    let tls = format!(
+        "{plain}{sep}sslmode=require&sslrootcert={}",
+        ca.to_string_lossy()
+    );
+    let over_tls = |args: &[&str]| {
+        w.cmd()
+            .env("HANDOFFS_DB", &tls)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let refused = w
+        .cmd()
+        .env("HANDOFFS_DB", format!("{plain}{sep}sslmode=require"))
+        .args(["agent", "list"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&refused.stderr).into_owned();
+    assert_eq!(refused.status.code(), Some(1), "{said}");
+    assert!(said.contains("invalid peer certificate"), "{said}");
+    let _a = process_with(&w, "a.log", &RUN, &[("HANDOFFS_DB", &tls)]);
+    let sent = over_tls(&["send", "lead", "dev", "over TLS", "--json"]);
+    assert!(sent.status.success(), "{sent:?}");
+    let id = serde_json::from_slice::<serde_json::Value>(&sent.stdout).unwrap()["message"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    wait_until(&w, Duration::from_secs(20), "the handoff delivered", || {
+        returned(&w, &id)
+    });
+    let sessions = |ssl: bool| {
+        common::sql_rows(
+            &w.db,
+            &format!(
+                "SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a ON a.pid = s.pid
+                 WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
+                   AND a.backend_type = 'client backend' AND s.ssl = {ssl}"
+            ),
+        )
+        .remove(0)
+    };
+    assert_ne!(sessions(true), "0", "the engine's sessions are encrypted");
+    assert_eq!(
+        sessions(false),
+        "0",
+        "no session of the engine is in clear: {}",
+        log_of(&w, "a.log")
+    );
+}
+
 /// A `tick` on a shared database renews the leases of the recipients it serves while its
 /// jobs last, as `run` does: its write waits 3 s on a slow recipient, three times the 1 s
 /// lease, and all that while the lease stays the tick's, its expiry ahead of the clock (so

@@ -37,13 +37,98 @@ pub fn check_url(db: &std::path::Path) -> Result<(), String> {
         return Ok(());
     }
     let text = db.to_string_lossy();
-    text.parse::<postgres::Config>().map(|_| ()).map_err(|e| {
-        let why = std::error::Error::source(&e).map_or_else(|| e.to_string(), ToString::to_string);
+    settings(&text).map(|_| ()).map_err(|why| {
         format!(
             "--db (or HANDOFFS_DB) is not a PostgreSQL URL the driver takes: {} ({why})",
             redacted(&text)
         )
     })
+}
+
+/// What a URL asks of a session: the driver's settings, and the file of certificates
+/// (`sslrootcert`) a TLS session also trusts. The driver knows `sslmode` `disable`, `prefer`
+/// and `require` only, and no `sslrootcert`: both are taken out here, and since every TLS
+/// session of ours checks the server's certificate, `verify-ca` and `verify-full` are
+/// `require`. With no `sslmode` a session is not encrypted, as before TLS was supported (a
+/// server with a certificate nobody trusts, Debian's default, stays reachable): add
+/// `sslmode=require` for TLS.
+fn settings(url: &str) -> Result<(postgres::Config, Option<std::path::PathBuf>), String> {
+    let mut root = None;
+    let mut mode = None;
+    let kept = match url::Url::parse(url) {
+        Ok(mut u) if u.query().is_some() => {
+            let mut pairs = Vec::new();
+            for (k, v) in u.query_pairs() {
+                match k.as_ref() {
+                    "sslrootcert" => root = Some(std::path::PathBuf::from(v.as_ref())),
+                    "sslmode" => mode = Some(v.into_owned()),
+                    _ => pairs.push((k.into_owned(), v.into_owned())),
+                }
+            }
+            u.set_query(None);
+            if !pairs.is_empty() {
+                u.query_pairs_mut().extend_pairs(pairs);
+            }
+            u.to_string()
+        }
+        // Several hosts, say: the driver's own parser judges it.
+        _ => url.to_owned(),
+    };
+    let described = |e: postgres::Error| {
+        std::error::Error::source(&e).map_or_else(|| e.to_string(), ToString::to_string)
+    };
+    let mut config: postgres::Config = kept.parse().map_err(described)?;
+    config.ssl_mode(match mode.as_deref() {
+        None | Some("disable") => postgres::config::SslMode::Disable,
+        Some("prefer") => postgres::config::SslMode::Prefer,
+        Some("require" | "verify-ca" | "verify-full") => postgres::config::SslMode::Require,
+        Some(other) => {
+            return Err(format!(
+                "sslmode {other} is not one of disable, prefer, require, verify-ca, verify-full"
+            ));
+        }
+    });
+    Ok((config, root))
+}
+
+/// The TLS side of a session: rustls with the aws-lc-rs provider serve's HTTPS uses, trusting
+/// the system's roots and the certificates of `root` (`sslrootcert`).
+fn tls(
+    root: Option<&std::path::Path>,
+) -> Result<tokio_postgres_rustls::MakeRustlsConnect, PgFailure> {
+    use tokio_rustls::rustls;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, pem::PemObject};
+    let failure = |detail: String| PgFailure {
+        code: None,
+        closed: false,
+        message: detail,
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    let native = rustls_native_certs::load_native_certs();
+    roots.add_parsable_certificates(native.certs);
+    if let Some(path) = root {
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+            .and_then(Iterator::collect)
+            .map_err(|e| failure(format!("sslrootcert {}: {e}", path.display())))?;
+        if certs.is_empty() {
+            return Err(failure(format!(
+                "sslrootcert {}: no certificate in it",
+                path.display()
+            )));
+        }
+        for cert in certs {
+            roots
+                .add(cert)
+                .map_err(|e| failure(format!("sslrootcert {}: {e}", path.display())))?;
+        }
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| failure(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
 }
 
 /// `url` without its secrets, for messages and file names: the password (in the user part
@@ -83,8 +168,8 @@ pub fn redacted(url: &str) -> String {
 /// What names a database without anything secret: user, host, port and database, for the
 /// file names of this machine's state.
 pub fn identity(url: &str) -> String {
-    match url.parse::<postgres::Config>() {
-        Ok(c) => {
+    match settings(url) {
+        Ok((c, _)) => {
             let host = c
                 .get_hosts()
                 .iter()
@@ -212,7 +297,11 @@ pub const IDLE_IN_TRANSACTION_MS: u64 = 10_000;
 /// [`IDLE_IN_TRANSACTION_MS`] is ended by the server. Each commit waits for its flush (`synchronous_commit`,
 /// whatever the server's default): a reservation is on disk before its write goes out.
 fn connect(url: &str) -> Result<Client, PgFailure> {
-    let mut config: postgres::Config = url.parse().map_err(|e| PgFailure::of(&e))?;
+    let (mut config, root) = settings(url).map_err(|message| PgFailure {
+        code: None,
+        closed: false,
+        message,
+    })?;
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(Duration::from_secs(10));
     }
@@ -225,7 +314,12 @@ fn connect(url: &str) -> Result<Client, PgFailure> {
             .keepalives_interval(Duration::from_secs(5))
             .keepalives_retries(3);
     }
-    let mut client = config.connect(NoTls).map_err(|e| PgFailure::of(&e))?;
+    let mut client = if config.get_ssl_mode() == postgres::config::SslMode::Disable {
+        config.connect(NoTls)
+    } else {
+        config.connect(tls(root.as_deref())?)
+    }
+    .map_err(|e| PgFailure::of(&e))?;
     let wait = std::env::var("HANDOFFS_BUSY_TIMEOUT_MS")
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
@@ -619,6 +713,38 @@ fn decode_row(row: &postgres::Row) -> Result<Vec<Val>, PgFailure> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use postgres::config::SslMode;
+
+    #[test]
+    fn a_url_asks_for_tls_by_sslmode_and_names_its_own_roots() {
+        let (c, root) = settings("postgres://u:p@db:5433/team").unwrap();
+        assert_eq!(c.get_ssl_mode(), SslMode::Disable, "in clear unless asked");
+        assert_eq!((c.get_ports(), root), (&[5433][..], None));
+        let (c, root) = settings(
+            "postgres://u@db/team?connect_timeout=3&sslmode=verify-full&sslrootcert=/etc/ca.pem",
+        )
+        .unwrap();
+        assert_eq!(c.get_ssl_mode(), SslMode::Require);
+        assert_eq!(c.get_connect_timeout(), Some(&Duration::from_secs(3)));
+        assert_eq!(root, Some(std::path::PathBuf::from("/etc/ca.pem")));
+        assert_eq!(
+            settings("postgres://db/t?sslmode=prefer")
+                .unwrap()
+                .0
+                .get_ssl_mode(),
+            SslMode::Prefer
+        );
+        assert!(
+            settings("postgres://db/t?sslmode=allow")
+                .unwrap_err()
+                .contains("sslmode allow is not one of")
+        );
+        assert!(settings("postgres://db/t?nonsense=1").is_err());
+        assert_eq!(
+            identity("postgres://u@db:5433/team?sslmode=require&sslrootcert=/ca.pem"),
+            "u@db:5433/team"
+        );
+    }
 
     #[test]
     fn parameters_are_renumbered_outside_quotes() {
