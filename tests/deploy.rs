@@ -176,7 +176,7 @@ fn the_image_runs_the_binary_it_built() {
     let mounts: std::collections::BTreeSet<&str> = compose
         .lines()
         .filter_map(|l| l.trim().strip_prefix("- state-"))
-        .filter_map(|m| m.split_once(':').map(|(_, path)| path))
+        .filter_map(|m| m.split(':').nth(1))
         .collect();
     assert!(!mounts.is_empty(), "compose.yaml mounts the state volumes");
     let (made, home) = lines

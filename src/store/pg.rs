@@ -46,38 +46,40 @@ pub fn check_url(db: &std::path::Path) -> Result<(), String> {
 }
 
 /// What a URL asks of a session: the driver's settings, and the file of certificates
-/// (`sslrootcert`) a TLS session also trusts. The driver knows `sslmode` `disable`, `prefer`
-/// and `require` only, and no `sslrootcert`: both are taken out here, and since every TLS
-/// session of ours checks the server's certificate, `verify-ca` and `verify-full` are
-/// `require`. With no `sslmode` a session is not encrypted, as before TLS was supported (a
-/// server with a certificate nobody trusts, Debian's default, stays reachable): add
-/// `sslmode=require` for TLS.
+/// (`sslrootcert`) a TLS session trusts instead of the system's. The driver knows `sslmode`
+/// `disable`, `prefer` and `require` only, and no `sslrootcert`: both are taken out of the
+/// query here, every other parameter kept byte for byte (the driver decodes `%XX` itself),
+/// and since every TLS session of ours checks the server's certificate, `verify-ca` and
+/// `verify-full` are `require`. With no `sslmode` a session is not encrypted, as before TLS
+/// was supported (a server with a certificate nobody trusts, Debian's default, stays
+/// reachable): add `sslmode=require` for TLS.
 fn settings(url: &str) -> Result<(postgres::Config, Option<std::path::PathBuf>), String> {
-    let mut root = None;
-    let mut mode = None;
-    let kept = match url::Url::parse(url) {
-        Ok(mut u) if u.query().is_some() => {
-            let mut pairs = Vec::new();
-            for (k, v) in u.query_pairs() {
-                match k.as_ref() {
-                    "sslrootcert" => root = Some(std::path::PathBuf::from(v.as_ref())),
-                    "sslmode" => mode = Some(v.into_owned()),
-                    _ => pairs.push((k.into_owned(), v.into_owned())),
-                }
-            }
-            u.set_query(None);
-            if !pairs.is_empty() {
-                u.query_pairs_mut().extend_pairs(pairs);
-            }
-            u.to_string()
+    let decoded = |raw: &str| {
+        percent_encoding::percent_decode_str(raw)
+            .decode_utf8()
+            .map(std::borrow::Cow::into_owned)
+            .map_err(|e| format!("{raw}: {e}"))
+    };
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let (mut root, mut mode) = (None, None);
+    let mut kept = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match decoded(key)?.as_str() {
+            "sslrootcert" => root = Some(std::path::PathBuf::from(decoded(value)?)),
+            "sslmode" => mode = Some(decoded(value)?),
+            _ => kept.push(pair),
         }
-        // Several hosts, say: the driver's own parser judges it.
-        _ => url.to_owned(),
+    }
+    let rest = if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
     };
     let described = |e: postgres::Error| {
         std::error::Error::source(&e).map_or_else(|| e.to_string(), ToString::to_string)
     };
-    let mut config: postgres::Config = kept.parse().map_err(described)?;
+    let mut config: postgres::Config = rest.parse().map_err(described)?;
     config.ssl_mode(match mode.as_deref() {
         None | Some("disable") => postgres::config::SslMode::Disable,
         Some("prefer") => postgres::config::SslMode::Prefer,
@@ -88,11 +90,21 @@ fn settings(url: &str) -> Result<(postgres::Config, Option<std::path::PathBuf>),
             ));
         }
     });
+    // A local socket carries no TLS (libpq ignores sslmode there too).
+    let sockets_only = !config.get_hosts().is_empty()
+        && config
+            .get_hosts()
+            .iter()
+            .all(|h| matches!(h, postgres::config::Host::Unix(_)));
+    if sockets_only {
+        config.ssl_mode(postgres::config::SslMode::Disable);
+    }
     Ok((config, root))
 }
 
 /// The TLS side of a session: rustls with the aws-lc-rs provider serve's HTTPS uses, trusting
-/// the system's roots and the certificates of `root` (`sslrootcert`).
+/// the certificates of `root` (`sslrootcert`) alone when given, as libpq does, else the
+/// system's roots.
 fn tls(
     root: Option<&std::path::Path>,
 ) -> Result<tokio_postgres_rustls::MakeRustlsConnect, PgFailure> {
@@ -104,8 +116,6 @@ fn tls(
         message: detail,
     };
     let mut roots = rustls::RootCertStore::empty();
-    let native = rustls_native_certs::load_native_certs();
-    roots.add_parsable_certificates(native.certs);
     if let Some(path) = root {
         let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
             .and_then(Iterator::collect)
@@ -121,6 +131,16 @@ fn tls(
                 .add(cert)
                 .map_err(|e| failure(format!("sslrootcert {}: {e}", path.display())))?;
         }
+    } else {
+        // The system's roots, read once a process.
+        static NATIVE: std::sync::OnceLock<Vec<CertificateDer<'static>>> =
+            std::sync::OnceLock::new();
+        roots.add_parsable_certificates(
+            NATIVE
+                .get_or_init(|| rustls_native_certs::load_native_certs().certs)
+                .iter()
+                .cloned(),
+        );
     }
     let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let config = rustls::ClientConfig::builder_with_provider(provider)
@@ -740,6 +760,23 @@ mod tests {
                 .contains("sslmode allow is not one of")
         );
         assert!(settings("postgres://db/t?nonsense=1").is_err());
+        // Every other parameter is kept as written: the driver decodes %XX itself.
+        let (c, _) = settings(
+            "postgres://u@db/t?options=-c%20search_path%3Dx&sslmode=require&password=a%20b",
+        )
+        .unwrap();
+        assert_eq!(c.get_options(), Some("-c search_path=x"));
+        assert_eq!(c.get_password(), Some(&b"a b"[..]));
+        // Several hosts (no URL parser takes them) keep their sslmode.
+        let (c, root) =
+            settings("postgres://u@db1:5432,db2:5433/t?sslmode=require&sslrootcert=%2Fca.pem")
+                .unwrap();
+        assert_eq!(c.get_ssl_mode(), SslMode::Require);
+        assert_eq!(c.get_hosts().len(), 2);
+        assert_eq!(root, Some(std::path::PathBuf::from("/ca.pem")));
+        // A local socket carries no TLS.
+        let (c, _) = settings("postgres://u@%2Frun%2Fpostgresql/t?sslmode=require").unwrap();
+        assert_eq!(c.get_ssl_mode(), SslMode::Disable);
         assert_eq!(
             identity("postgres://u@db:5433/team?sslmode=require&sslrootcert=/ca.pem"),
             "u@db:5433/team"
