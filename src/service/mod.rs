@@ -25,6 +25,7 @@ pub mod trace;
 pub mod work;
 
 /// Whether a database names a PostgreSQL server (a `postgres://` URL), not a SQLite file.
+pub use crate::store::pg::check_url as check_db_url;
 pub use crate::store::pg::is_url as is_postgres_url;
 pub use crate::store::{
     AgentRow, ChainRow, DeadLetterRow, DeliveryRow, EventRow, FanoutRow, IdTable, MessageRow,

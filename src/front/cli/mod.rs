@@ -115,7 +115,7 @@ use crate::text::{one_line, short};
 
 /// Runs the command; `Err` carries the exit code and the one line to print.
 pub fn run(cli: &Cli) -> Result<(), Failure> {
-    crate::store::pg::check_url(&db_path(cli)).map_err(usage)?;
+    crate::service::check_db_url(&db_path(cli)).map_err(usage)?;
     match &cli.command {
         Command::Init => {
             let path = db_path(cli);
