@@ -240,6 +240,37 @@ fn engines_whose_sessions_ended_go_on_and_deliver_once() {
     }
 }
 
+/// The world's database out of reach until dropped: closed to new sessions and every
+/// session of it ended (from the server's own database: a database cannot close itself).
+struct ServerAway {
+    admin: String,
+    name: String,
+}
+
+fn server_away(admin: &str, w: &World) -> ServerAway {
+    let name = common::sql_rows(&w.db, "SELECT current_database()").remove(0);
+    common::sql_rows(
+        std::path::Path::new(admin),
+        &format!(
+            "ALTER DATABASE \"{name}\" ALLOW_CONNECTIONS false;
+             SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"
+        ),
+    );
+    ServerAway {
+        admin: admin.to_owned(),
+        name,
+    }
+}
+
+impl Drop for ServerAway {
+    fn drop(&mut self) {
+        common::sql_rows(
+            std::path::Path::new(&self.admin),
+            &format!("ALTER DATABASE \"{}\" ALLOW_CONNECTIONS true", self.name),
+        );
+    }
+}
+
 /// A `run` whose server goes out of reach for a while (its sessions ended, its database
 /// closed to new ones) goes on trying, says so without flooding its log (each distinct error
 /// once a window, the same ones again once every 10 s: it logged every error of every pass,
@@ -255,21 +286,9 @@ fn a_run_rides_out_a_server_away_and_says_so_quietly() {
     wait_until(&w, Duration::from_secs(20), "the handoff delivered", || {
         returned(&w, &first)
     });
-    let name = common::sql_rows(&w.db, "SELECT current_database()").remove(0);
-    let admin_db = std::path::Path::new(&admin);
-    // From the server's own database: a database cannot close itself to sessions.
-    common::sql_rows(
-        admin_db,
-        &format!(
-            "ALTER DATABASE \"{name}\" ALLOW_CONNECTIONS false;
-             SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"
-        ),
-    );
+    let away = server_away(&admin, &w);
     std::thread::sleep(Duration::from_secs(6));
-    common::sql_rows(
-        admin_db,
-        &format!("ALTER DATABASE \"{name}\" ALLOW_CONNECTIONS true"),
-    );
+    drop(away);
     let log = log_of(&w, "a.log");
     let said = log.matches("engine pass").count();
     assert!(said > 0, "the engine said the server was away: {log}");
@@ -950,15 +969,7 @@ fn a_run_waiting_for_its_server_stops_when_asked() {
         "engine a inside a write transaction",
         || hold.path().join("ready").exists(),
     );
-    let name = common::sql_rows(&w.db, "SELECT current_database()").remove(0);
-    // From the server's own database: a database cannot close itself to sessions.
-    common::sql_rows(
-        std::path::Path::new(&admin),
-        &format!(
-            "ALTER DATABASE \"{name}\" ALLOW_CONNECTIONS false;
-             SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"
-        ),
-    );
+    let away = server_away(&admin, &w);
     std::fs::write(hold.path().join("go"), "").unwrap();
     wait_until(
         &w,
@@ -978,10 +989,7 @@ fn a_run_waiting_for_its_server_stops_when_asked() {
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    common::sql_rows(
-        std::path::Path::new(&admin),
-        &format!("ALTER DATABASE \"{name}\" ALLOW_CONNECTIONS true"),
-    );
+    drop(away);
     let status = stopped.unwrap_or_else(|| {
         panic!(
             "a run waiting for its server went on for 10 s after SIGTERM: {}",
