@@ -271,6 +271,117 @@ impl Drop for ServerAway {
     }
 }
 
+/// `serve` and `demo` started while their server turns sessions away (compose.yaml starts
+/// them beside it; a server restarting) wait for it, saying so once, and come up when it
+/// answers, as `run` does: both exited at once before. What no wait changes is said at once:
+/// a wrong flag (exit 2), a login the server refuses (a database that does not exist; `run`
+/// waited for it forever before).
+#[test]
+fn serve_and_demo_wait_for_a_server_that_does_not_answer_yet() {
+    let Some(admin) = common::postgres_or_skip("serve and demo waiting for their server") else {
+        return;
+    };
+    let w = team(&admin);
+    let away = server_away(&admin, &w);
+    // Their stdout too: where they say they are up.
+    let spawn = |log: &str, args: &[&str]| {
+        let out = std::fs::File::create(w.dir.path().join(log)).unwrap();
+        let mut cmd = w.cmd();
+        cmd.args(args).stdout(out.try_clone().unwrap()).stderr(out);
+        common::Engine(cmd.spawn().expect("spawn"))
+    };
+    // A wrong flag is said at once, server or not.
+    let flag = w
+        .cmd()
+        .args(["serve", "--port", "0", "--tls-cert", "/nonexistent.pem"])
+        .args(["--tls-key", "/nonexistent.key"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        flag.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&flag.stderr)
+    );
+    let mut serve = spawn("serve.log", &["serve", "--port", "0"]);
+    let mut demo = spawn("demo.log", &["demo", "--port", "0"]);
+    for (log, p) in [("serve.log", &mut serve), ("demo.log", &mut demo)] {
+        wait_until(
+            &w,
+            Duration::from_secs(30),
+            &format!("{log}: waits"),
+            || log_of(&w, log).contains("trying again every second"),
+        );
+        assert!(
+            p.0.try_wait().unwrap().is_none(),
+            "{log}: exited while its server was away: {}",
+            log_of(&w, log)
+        );
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    for log in ["serve.log", "demo.log"] {
+        assert_eq!(
+            log_of(&w, log).matches("trying again").count(),
+            1,
+            "{log}: said once: {}",
+            log_of(&w, log)
+        );
+    }
+    // A server that refuses the login for good (here: no such database) is said at once,
+    // not waited for.
+    let mut gone = url::Url::parse(&w.db.to_string_lossy()).unwrap();
+    gone.set_path("/no_such_database");
+    for args in [
+        &["serve", "--port", "0"][..],
+        &["demo", "--port", "0"],
+        &["run"],
+    ] {
+        let said = w.dir.path().join("refused.log");
+        let mut p = common::Engine(
+            w.cmd()
+                .env("HANDOFFS_DB", gone.as_str())
+                .args(args)
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&said).unwrap())
+                .spawn()
+                .unwrap(),
+        );
+        let t0 = Instant::now();
+        let status = loop {
+            if let Some(status) = p.0.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(15),
+                "{args:?}: still waiting for a database that does not exist: {}",
+                std::fs::read_to_string(&said).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let said = std::fs::read_to_string(&said).unwrap_or_default();
+        assert_eq!(status.code(), Some(1), "{args:?}: {said}");
+        assert!(
+            said.contains("does not exist") && !said.contains("trying again"),
+            "{args:?}: {said}"
+        );
+    }
+    drop(away);
+    for (log, up) in [
+        ("serve.log", "handoffs: serving http://"),
+        ("demo.log", "handoffs demo: open http://"),
+    ] {
+        let t0 = Instant::now();
+        while !log_of(&w, log).contains(up) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "{log}: not up 30 s after its server came back: {}",
+                log_of(&w, log)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
 /// A `run` whose server goes out of reach for a while (its sessions ended, its database
 /// closed to new ones) goes on trying, says so without flooding its log (each distinct error
 /// once a window, the same ones again once every 10 s: it logged every error of every pass,

@@ -549,6 +549,17 @@ fn demo_round(svc: &mut Service, next_topic: &mut usize) -> Result<usize, Servic
 /// that plays the people. Ctrl+C stops everything and deletes the data. With `shared` (a
 /// PostgreSQL database) the team plays there instead, created if need be and kept: engines
 /// of other machines deliver beside the demo's own.
+/// `demo --speed`: a usage error outside its bounds.
+pub fn check_speed(speed: f64) -> Result<(), ServiceError> {
+    if (SPEED_MIN..=SPEED_MAX).contains(&speed) {
+        Ok(())
+    } else {
+        Err(ServiceError::Usage(format!(
+            "--speed must be {SPEED_MIN} to {SPEED_MAX}"
+        )))
+    }
+}
+
 pub fn demo(
     host: &str,
     port: Option<u16>,
@@ -557,11 +568,7 @@ pub fn demo(
     allowed_peers: &[std::net::IpAddr],
     shared: Option<&Path>,
 ) -> Result<Ended, ServiceError> {
-    if !(SPEED_MIN..=SPEED_MAX).contains(&speed) {
-        return Err(ServiceError::Usage(format!(
-            "--speed must be {SPEED_MIN} to {SPEED_MAX}"
-        )));
-    }
+    check_speed(speed)?;
     let dir = tempfile::Builder::new()
         .prefix("handoffs-demo-")
         .tempdir()

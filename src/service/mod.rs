@@ -27,6 +27,27 @@ pub mod work;
 /// Whether a database names a PostgreSQL server (a `postgres://` URL), not a SQLite file.
 pub use crate::store::pg::check_url as check_db_url;
 pub use crate::store::pg::is_url as is_postgres_url;
+
+/// Whether a failure to open `db` may pass by itself, so that a long-running process
+/// (`run`, `serve`, `demo`) waits for it: a server out of reach or turning sessions away for
+/// now, a session lost, a schema not created yet. Not a login the server refused, another
+/// application's database, one of a newer build, or a corrupt one.
+pub fn worth_waiting_for(e: &StoreError) -> bool {
+    matches!(
+        e,
+        StoreError::Io(_) | StoreError::Missing(_) | StoreError::Locked
+    )
+}
+
+/// Whether the server of `db` answers (a session opens and closes again): for a PostgreSQL
+/// URL; a SQLite path has no server and always answers. What `demo` waits for before it
+/// creates its team there.
+pub fn server_answers(db: &std::path::Path) -> Result<(), StoreError> {
+    if is_postgres_url(db) {
+        crate::store::pg::PgSession::connect(&db.to_string_lossy())?;
+    }
+    Ok(())
+}
 pub use crate::store::{
     AgentRow, ChainRow, DeadLetterRow, DeliveryRow, EventRow, FanoutRow, IdTable, MessageRow,
     StoreError, TraceRow, WorkRow, shown, token_path,

@@ -80,11 +80,17 @@ pub(super) const AGENT_COLS: &str =
 
 impl Tx<'_> {
     pub fn agent(&self, id: &str) -> Result<Option<AgentRow>> {
-        Ok(self
-            .tx
-            .prepare_cached(&format!("SELECT {AGENT_COLS} FROM agents WHERE id = ?1"))?
-            .query_row([id], agent_from)
-            .optional()?)
+        self.remembered(
+            |m| &mut m.agents,
+            id.to_owned(),
+            || {
+                Ok(self
+                    .tx
+                    .prepare_cached(&format!("SELECT {AGENT_COLS} FROM agents WHERE id = ?1"))?
+                    .query_row([id], agent_from)
+                    .optional()?)
+            },
+        )
     }
 
     pub fn agents(&self) -> Result<Vec<AgentRow>> {
@@ -123,13 +129,19 @@ impl Tx<'_> {
 
     /// The explicit connection row for from→to, if any.
     pub fn connection(&self, from: &str, to: &str) -> Result<Option<bool>> {
-        Ok(self
-            .tx
-            .prepare_cached(
-                "SELECT allowed FROM connections WHERE from_agent = ?1 AND to_agent = ?2",
-            )?
-            .query_row([from, to], |r| r.get(0))
-            .optional()?)
+        self.remembered(
+            |m| &mut m.connections,
+            (from.to_owned(), to.to_owned()),
+            || {
+                Ok(self
+                    .tx
+                    .prepare_cached(
+                        "SELECT allowed FROM connections WHERE from_agent = ?1 AND to_agent = ?2",
+                    )?
+                    .query_row([from, to], |r| r.get(0))
+                    .optional()?)
+            },
+        )
     }
 
     pub fn set_connection(&self, from: &str, to: &str, allowed: bool) -> Result<()> {

@@ -163,18 +163,24 @@ impl Tx<'_> {
 
     /// The chain message `id` belongs to, if it has a row.
     pub fn chain_of_message(&self, id: &str) -> Result<Option<ChainRow>> {
-        let cols = CHAIN_COLS
-            .split(", ")
-            .map(|c| format!("c.{c}"))
-            .collect::<Vec<_>>()
-            .join(", ");
-        Ok(self
-            .tx
-            .prepare_cached(&format!(
-                "SELECT {cols} FROM messages m JOIN chains c ON c.id = m.chain_id WHERE m.id = ?1"
-            ))?
-            .query_row([id], chain_from)
-            .optional()?)
+        self.remembered(
+            |m| &mut m.chain_of_message,
+            id.to_owned(),
+            || {
+                let cols = CHAIN_COLS
+                    .split(", ")
+                    .map(|c| format!("c.{c}"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                Ok(self
+                    .tx
+                    .prepare_cached(&format!(
+                        "SELECT {cols} FROM messages m JOIN chains c ON c.id = m.chain_id WHERE m.id = ?1"
+                    ))?
+                    .query_row([id], chain_from)
+                    .optional()?)
+            },
+        )
     }
 
     /// Records a spend of `agent`'s turn on `message_id` in chain `chain_id`.
@@ -224,13 +230,19 @@ impl Tx<'_> {
 
     /// Whether message `id` belongs to a cancelled chain.
     pub fn in_cancelled_chain(&self, id: &str) -> Result<bool> {
-        Ok(self
-            .tx
-            .prepare_cached(
-                "SELECT EXISTS (SELECT 1 FROM messages m JOIN chains c ON c.id = m.chain_id
-                 WHERE m.id = ?1 AND c.state = 'cancelled')",
-            )?
-            .query_row([id], |r| r.get(0))?)
+        self.remembered(
+            |m| &mut m.in_cancelled_chain,
+            id.to_owned(),
+            || {
+                Ok(self
+                    .tx
+                    .prepare_cached(
+                        "SELECT EXISTS (SELECT 1 FROM messages m JOIN chains c ON c.id = m.chain_id
+                         WHERE m.id = ?1 AND c.state = 'cancelled')",
+                    )?
+                    .query_row([id], |r| r.get(0))?)
+            },
+        )
     }
 
     /// Every message of chain `id`, oldest first.

@@ -4,12 +4,18 @@ use super::{OptionalExtension, Result, Tx, Value, params};
 
 impl Tx<'_> {
     pub fn config(&self, key: &str) -> Result<Option<Value>> {
-        let v: Option<String> = self
-            .row("SELECT value FROM config WHERE key = ?1", [key], |r| {
-                r.get(0)
-            })
-            .optional()?;
-        Ok(v.and_then(|s| serde_json::from_str(&s).ok()))
+        self.remembered(
+            |m| &mut m.config,
+            key.to_owned(),
+            || {
+                let v: Option<String> = self
+                    .row("SELECT value FROM config WHERE key = ?1", [key], |r| {
+                        r.get(0)
+                    })
+                    .optional()?;
+                Ok(v.and_then(|s| serde_json::from_str(&s).ok()))
+            },
+        )
     }
 
     pub fn set_config(&self, key: &str, value: &Value) -> Result<()> {

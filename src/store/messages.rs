@@ -62,13 +62,19 @@ impl Tx<'_> {
     }
 
     pub fn message(&self, id: &str) -> Result<Option<MessageRow>> {
-        Ok(self
-            .tx
-            .prepare_cached(&format!(
-                "SELECT {MESSAGE_COLS} FROM messages WHERE id = ?1"
-            ))?
-            .query_row([id], message_from)
-            .optional()?)
+        self.remembered(
+            |m| &mut m.messages,
+            id.to_owned(),
+            || {
+                Ok(self
+                    .tx
+                    .prepare_cached(&format!(
+                        "SELECT {MESSAGE_COLS} FROM messages WHERE id = ?1"
+                    ))?
+                    .query_row([id], message_from)
+                    .optional()?)
+            },
+        )
     }
 
     pub fn message_by_key(&self, sender: &str, key: &str) -> Result<Option<MessageRow>> {

@@ -24,6 +24,7 @@ mod deliveries;
 mod events;
 mod fanouts;
 mod leases;
+mod memo;
 mod messages;
 mod migrations;
 pub mod pg;
@@ -86,6 +87,10 @@ pub enum StoreError {
     Locked,
     #[error("the database is read-only: {0}")]
     ReadOnly(String),
+    /// The server answered and turned this login away for good (a wrong password, a role or
+    /// database that does not exist): waiting will not change it.
+    #[error("{0}")]
+    Denied(String),
     #[error("database error: {0}")]
     Sqlite(String),
     #[error("{0}")]
@@ -142,6 +147,8 @@ pub struct Store {
     /// The engine lock, once taken ([`Store::take_engine_lock`]): a locked file beside a
     /// SQLite database (PostgreSQL has none: its engines share it by recipient leases).
     engine_lock: Option<std::fs::File>,
+    /// Rows this transaction has read ([`memo`]): forgotten at every transaction boundary.
+    memo: std::cell::RefCell<memo::Memo>,
 }
 
 impl std::fmt::Debug for Store {
@@ -455,7 +462,12 @@ impl Store {
         if self.batch.open {
             self.check_batch()?;
             if !self.is_postgres() {
-                return f(&Tx { tx: self.conn() });
+                return f(&Tx {
+                    tx: TxConn {
+                        conn: self.conn(),
+                        memo: &self.memo,
+                    },
+                });
             }
             // On PostgreSQL any failed statement aborts the whole transaction: a read
             // inside the batch is a savepoint of its own, so a failed one leaves it whole.
@@ -483,6 +495,11 @@ impl Store {
     /// One statement of transaction control, in each backend's spelling. SQLite's are
     /// cached statements like every other (parsing them anew cost a tenth of a delivery).
     fn control(&self, what: Control) -> Result<()> {
+        // What was read stays true inside one transaction and one step: a transaction's
+        // ends and a step undone forget it.
+        if !matches!(what, Control::Savepoint | Control::Release) {
+            self.memo.borrow_mut().clear();
+        }
         match &self.db {
             Db::Lite(c) => {
                 let sql = match what {
@@ -626,7 +643,12 @@ impl Store {
         }
         self.control(Control::Savepoint)?;
         let mut step = Step(self, false);
-        let out = f(&Tx { tx: self.conn() });
+        let out = f(&Tx {
+            tx: TxConn {
+                conn: self.conn(),
+                memo: &self.memo,
+            },
+        });
         if out.is_ok() {
             self.control(Control::Release)?;
             step.1 = true;
@@ -668,7 +690,12 @@ impl Store {
             Control::BeginRead
         })?;
         let mut open = Open(self, false);
-        let out = f(&Tx { tx: self.conn() })?;
+        let out = f(&Tx {
+            tx: TxConn {
+                conn: self.conn(),
+                memo: &self.memo,
+            },
+        })?;
         self.control(if write {
             Control::CommitWrite
         } else {
@@ -859,6 +886,7 @@ impl Store {
             wal: None,
             batch: Batch::default(),
             engine_lock: None,
+            memo: std::cell::RefCell::default(),
         }
     }
 
@@ -1216,13 +1244,56 @@ fn fill_routes(tx: &rusqlite::Transaction<'_>) -> Result<()> {
 /// A transaction, with typed queries.
 #[derive(Debug)]
 pub struct Tx<'a> {
-    tx: Conn<'a>,
+    tx: TxConn<'a>,
+}
+
+/// The connection as a [`Tx`] sees it: every statement passes here, and one that may change
+/// a remembered row forgets them all ([`memo::forgets`]).
+#[derive(Clone, Copy, Debug)]
+struct TxConn<'a> {
+    conn: Conn<'a>,
+    memo: &'a std::cell::RefCell<memo::Memo>,
+}
+
+impl<'a> TxConn<'a> {
+    fn prepare_cached(&self, sql: &str) -> rusqlite::Result<sql::Stmt<'a>> {
+        if memo::forgets(sql) {
+            self.memo.borrow_mut().clear();
+        }
+        self.conn.prepare_cached(sql)
+    }
+
+    fn is_pg(&self) -> bool {
+        self.conn.is_pg()
+    }
+
+    fn session_pid(&self) -> Option<i64> {
+        self.conn.session_pid()
+    }
 }
 
 impl Tx<'_> {
     /// Runs one statement, prepared once per connection (the statement cache).
     fn exec(&self, sql: &str, params: impl sql::Params) -> Result<usize> {
         Ok(self.tx.prepare_cached(sql)?.execute(params)?)
+    }
+
+    /// `key`'s row from `table` of this transaction's memo, or `load`ed and remembered.
+    fn remembered<K, V: Clone>(
+        &self,
+        table: impl Fn(&mut memo::Memo) -> &mut std::collections::HashMap<K, V>,
+        key: K,
+        load: impl FnOnce() -> Result<V>,
+    ) -> Result<V>
+    where
+        K: std::hash::Hash + Eq,
+    {
+        if let Some(v) = table(&mut self.tx.memo.borrow_mut()).get(&key) {
+            return Ok(v.clone());
+        }
+        let v = load()?;
+        table(&mut self.tx.memo.borrow_mut()).insert(key, v.clone());
+        Ok(v)
     }
 
     /// Reads one row through a cached statement.
@@ -1270,6 +1341,74 @@ pub fn millis(m: Millis) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::{OPEN_WORK, WorkState};
+
+    /// What a transaction read is remembered only while nothing can have changed it: a
+    /// write of this transaction, a step undone and another connection's commit each make
+    /// the next read go to the database again.
+    #[test]
+    fn remembered_rows_never_outlive_what_can_change_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("h.db");
+        let (mut store, _) = super::Store::init(&db).unwrap();
+        let (mut other, _) = super::Store::init(&db).unwrap();
+        let (one, two) = (serde_json::json!(1), serde_json::json!(2));
+        // Within one transaction: read, write, read again.
+        let seen: Vec<Option<serde_json::Value>> = store
+            .write(|tx| {
+                let before = tx.config("k")?;
+                let again = tx.config("k")?;
+                tx.set_config("k", &one)?;
+                Ok::<_, super::StoreError>(vec![before, again, tx.config("k")?])
+            })
+            .unwrap();
+        assert_eq!(seen, vec![None, None, Some(one.clone())]);
+        tx_sees(&mut store, Some(&one));
+        // Another connection's commit, between two transactions of this one.
+        other.write(|tx| tx.set_config("k", &two)).unwrap();
+        tx_sees(&mut store, Some(&two));
+        // In a batch: a step that wrote and was undone leaves nothing remembered of it.
+        store.batch_steps(true).unwrap();
+        tx_sees(&mut store, Some(&two));
+        let undone: Result<(), super::StoreError> = store.write(|tx| {
+            tx.set_config("k", &one)?;
+            assert_eq!(tx.config("k")?, Some(one.clone()));
+            Err(super::StoreError::Sqlite("undo".to_owned()))
+        });
+        assert!(undone.is_err());
+        tx_sees(&mut store, Some(&two));
+        store.batch_steps(false).unwrap();
+        other.write(|tx| tx.set_config("k", &one)).unwrap();
+        tx_sees(&mut store, Some(&one));
+        // And what it is for: inside a batch, a row read stays remembered across the steps'
+        // savepoints and their own statements. A change made behind the memo's back (the
+        // test's raw statement on the same connection, which nothing else could make) is
+        // not seen until the batch ends.
+        store.batch_steps(true).unwrap();
+        store
+            .write(|tx| {
+                assert_eq!(tx.config("k")?, Some(one.clone()));
+                tx.exec(
+                    "UPDATE deliveries SET due_at = due_at WHERE message_id = ?1",
+                    super::params!["none"],
+                )?;
+                tx.event(0, None, "note", "a step's own line")?;
+                Ok::<_, super::StoreError>(())
+            })
+            .unwrap();
+        store
+            .lite()
+            .execute("UPDATE config SET value = '3' WHERE key = 'k'", [])
+            .unwrap();
+        tx_sees(&mut store, Some(&one));
+        store.batch_steps(false).unwrap();
+        tx_sees(&mut store, Some(&serde_json::json!(3)));
+    }
+
+    /// What a read transaction of `store` finds under the key `k`, checked.
+    fn tx_sees(store: &mut super::Store, v: Option<&serde_json::Value>) {
+        let read: Option<serde_json::Value> = store.read(|tx| tx.config("k")).unwrap();
+        assert_eq!(read.as_ref(), v);
+    }
 
     /// A transaction whose body fails or panics leaves nothing behind, and the connection
     /// takes the next one.

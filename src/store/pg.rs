@@ -413,11 +413,16 @@ impl PgSession {
                 pid,
                 heard: OnceLock::new(),
             }),
-            Ok(Err(e)) => Err(StoreError::Io(format!(
-                "cannot connect to {}: {}",
-                redacted(url),
-                e.message
-            ))),
+            Ok(Err(e)) => {
+                let said = format!("cannot connect to {}: {}", redacted(url), e.message);
+                // Class 28 (invalid authorization) and 3D000 (no such database): the
+                // server's answer, which no wait changes. A server starting up (57P03), or
+                // one turning sessions away for now (55000), may answer otherwise later.
+                Err(match e.code.as_deref() {
+                    Some(c) if c.starts_with("28") || c == "3D000" => StoreError::Denied(said),
+                    _ => StoreError::Io(said),
+                })
+            }
             Err(_) => Err(StoreError::Io(
                 "the PostgreSQL worker stopped while connecting".to_owned(),
             )),

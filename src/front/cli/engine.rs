@@ -1,7 +1,7 @@
 //! `handoffs tick`, `run` and `sim`: the engine and the simulation from the command line.
 
 use super::{
-    Cli, Duration, Engine, EngineError, Failure, Service, emit, json, open, out, runtime, usage,
+    Cli, Duration, Engine, EngineError, Failure, Service, emit, json, out, runtime, usage,
 };
 
 pub(super) fn engine_cmd(cli: &Cli, interval: Option<Duration>) -> Result<(), Failure> {
@@ -46,21 +46,38 @@ pub(super) fn engine_cmd(cli: &Cli, interval: Option<Duration>) -> Result<(), Fa
     }
 }
 
-/// The database's service; a long-running engine that cannot reach a PostgreSQL server
-/// tries again (every second, saying so once) instead of exiting, so that a server's
-/// restart does not leave a team without its engines.
-fn open_or_wait(cli: &Cli, keep_trying: bool) -> Result<Service, Failure> {
+/// The database's service; a long-running engine (`run`, `serve`) that cannot reach a
+/// PostgreSQL server, or finds no schema there yet, tries again (every second, saying so
+/// once) instead of exiting, so that a server's restart, or engines started beside their
+/// server (compose.yaml), does not leave a team without its engines.
+pub(super) fn open_or_wait(cli: &Cli, keep_trying: bool) -> Result<Service, Failure> {
+    wait_for_server(cli, keep_trying, || Service::open(&super::db_path(cli)))
+}
+
+/// `attempt` until it succeeds, every second, saying its first failure once, while the
+/// database is on a PostgreSQL server, `keep_trying`, and the failure is one that may pass
+/// (`service::worth_waiting_for`: a wrong password or another application's database ends
+/// it at once); Ctrl+C or SIGTERM ends the wait.
+pub(super) fn wait_for_server<T>(
+    cli: &Cli,
+    keep_trying: bool,
+    attempt: impl Fn() -> Result<T, crate::service::StoreError>,
+) -> Result<T, Failure> {
     let mut said = false;
     loop {
-        match open(cli) {
-            Err(f) if keep_trying && crate::service::is_postgres_url(&super::db_path(cli)) => {
+        match attempt() {
+            Err(e)
+                if keep_trying
+                    && crate::service::is_postgres_url(&super::db_path(cli))
+                    && crate::service::worth_waiting_for(&e) =>
+            {
                 if !said {
-                    eprintln!("handoffs: {}; trying again every second", f.message);
+                    eprintln!("handoffs: {e}; trying again every second");
                     said = true;
                 }
                 pause_unless_stopped(std::time::Duration::from_secs(1))?;
             }
-            other => return other,
+            other => return Ok(other?),
         }
     }
 }

@@ -243,17 +243,7 @@ pub fn run(cli: &Cli) -> Result<(), Failure> {
             speed,
             public_demo,
             allow_peer,
-        } => {
-            // On a PostgreSQL database the demo plays its team there, beside the engines of
-            // other machines (compose.yaml); otherwise on a temporary SQLite file.
-            let db = db_path(cli);
-            let shared = crate::service::is_postgres_url(&db).then_some(db.as_path());
-            crate::front::live::demo(host, *port, *speed, *public_demo, allow_peer, shared)?;
-            Err(Failure {
-                code: crate::front::live::stop_code(),
-                message: String::new(),
-            })
-        }
+        } => demo_cmd(cli, host, *port, *speed, *public_demo, allow_peer),
         Command::Sim {
             seed,
             seeds,
@@ -262,6 +252,29 @@ pub fn run(cli: &Cli) -> Result<(), Failure> {
         } => sim_cmd(cli, *seed, seeds.as_deref(), *trace, usize::from(*engines)),
         Command::Supervise(a) => supervise_cmd(cli, a),
     }
+}
+
+/// `demo`: on a PostgreSQL database the demo plays its team there, beside the engines of
+/// other machines (compose.yaml), once its server answers; otherwise on a temporary SQLite
+/// file.
+fn demo_cmd(
+    cli: &Cli,
+    host: &str,
+    port: Option<u16>,
+    speed: f64,
+    public_demo: bool,
+    allow_peer: &[std::net::IpAddr],
+) -> Result<(), Failure> {
+    let db = db_path(cli);
+    let shared = crate::service::is_postgres_url(&db).then_some(db.as_path());
+    crate::front::live::check_speed(speed)?;
+    // Its server may still be starting (compose.yaml starts them together).
+    engine::wait_for_server(cli, true, || crate::service::server_answers(&db))?;
+    crate::front::live::demo(host, port, speed, public_demo, allow_peer, shared)?;
+    Err(Failure {
+        code: crate::front::live::stop_code(),
+        message: String::new(),
+    })
 }
 
 fn return_cmd(
@@ -354,6 +367,15 @@ fn serve(cli: &Cli, args: &ServeArgs) -> Result<(), Failure> {
     } else {
         None
     };
+    // Its arguments first (a wrong one is exit 2 at once), then the database: a PostgreSQL
+    // server (and its schema) is waited for as `run` waits.
+    for entry in &args.allow_host {
+        crate::front::web::check_allowed_host(entry).map_err(usage)?;
+    }
+    if let Some(files) = &tls {
+        files.load()?;
+    }
+    drop(engine::open_or_wait(cli, true)?);
     crate::front::live::serve(
         &db_path(cli),
         &args.host,
