@@ -392,13 +392,12 @@ pub fn serve(
     host: &str,
     port: Option<u16>,
     options: WebOptions,
-    tls: Option<&crate::front::tls::TlsFiles>,
+    tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
     policy: Option<model::Policy>,
 ) -> Result<Ended, ServiceError> {
     for entry in &options.allowed_hosts {
         web::check_allowed_host(entry).map_err(ServiceError::Usage)?;
     }
-    let tls = tls.map(crate::front::tls::TlsFiles::load).transpose()?;
     let https = tls.is_some();
     let public_demo = options.public_demo;
     let allow_hosts = !options.allowed_hosts.is_empty();

@@ -5,9 +5,9 @@
 //! Sound because a write transaction is the only writer while it is open (SQLite's write
 //! lock; PostgreSQL's writer lock, `pg_schema::WRITE_BEGIN`) and a read transaction is a
 //! snapshot: no other process changes these rows between the first read and the end of the
-//! transaction. What this connection writes itself forgets every remembered row
-//! ([`Tx::exec`](super::Tx) and [`forgets`]), as does every transaction boundary and every
-//! step undone ([`super::Store::control`]). Written by hand, on purpose: a generic cache
+//! transaction. What this connection writes itself forgets every remembered row (every
+//! statement of a `Tx` passes `TxConn::prepare_cached`, which asks [`forgets`]), as does every
+//! transaction boundary and every step undone (`Store::control`). Written by hand, on purpose: a generic cache
 //! crate knows nothing of transaction boundaries, which are the whole of its correctness.
 
 use super::{AgentRow, ChainRow, MessageRow};

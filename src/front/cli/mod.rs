@@ -372,18 +372,12 @@ fn serve(cli: &Cli, args: &ServeArgs) -> Result<(), Failure> {
     for entry in &args.allow_host {
         crate::front::web::check_allowed_host(entry).map_err(usage)?;
     }
-    if let Some(files) = &tls {
-        files.load()?;
-    }
+    let tls = tls
+        .as_ref()
+        .map(crate::front::tls::TlsFiles::load)
+        .transpose()?;
     drop(engine::open_or_wait(cli, true)?);
-    crate::front::live::serve(
-        &db_path(cli),
-        &args.host,
-        args.port,
-        options,
-        tls.as_ref(),
-        policy,
-    )?;
+    crate::front::live::serve(&db_path(cli), &args.host, args.port, options, tls, policy)?;
     Ok(())
 }
 
