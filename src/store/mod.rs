@@ -462,18 +462,23 @@ impl Store {
         if self.batch.open {
             self.check_batch()?;
             if !self.is_postgres() {
-                return f(&Tx {
-                    tx: TxConn {
-                        conn: self.conn(),
-                        memo: &self.memo,
-                    },
-                });
+                return f(&self.tx());
             }
             // On PostgreSQL any failed statement aborts the whole transaction: a read
             // inside the batch is a savepoint of its own, so a failed one leaves it whole.
             return self.savepoint(f);
         }
         self.transaction(false, f)
+    }
+
+    /// A [`Tx`] on the connection, with this store's memo.
+    fn tx(&self) -> Tx<'_> {
+        Tx {
+            tx: TxConn {
+                conn: self.conn(),
+                memo: &self.memo,
+            },
+        }
     }
 
     /// The connection, for a [`Tx`].
@@ -643,12 +648,7 @@ impl Store {
         }
         self.control(Control::Savepoint)?;
         let mut step = Step(self, false);
-        let out = f(&Tx {
-            tx: TxConn {
-                conn: self.conn(),
-                memo: &self.memo,
-            },
-        });
+        let out = f(&self.tx());
         if out.is_ok() {
             self.control(Control::Release)?;
             step.1 = true;
@@ -690,12 +690,7 @@ impl Store {
             Control::BeginRead
         })?;
         let mut open = Open(self, false);
-        let out = f(&Tx {
-            tx: TxConn {
-                conn: self.conn(),
-                memo: &self.memo,
-            },
-        })?;
+        let out = f(&self.tx())?;
         self.control(if write {
             Control::CommitWrite
         } else {
