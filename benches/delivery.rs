@@ -42,12 +42,23 @@ fn postgres() -> Option<String> {
 }
 
 fn fresh(dir: &Path, name: &str) -> (PathBuf, Service) {
-    let db = match postgres() {
+    fresh_on(dir, name, postgres().as_deref())
+}
+
+/// Which backend a figure ran on, for its line.
+fn backend_name(pg: Option<&str>) -> &'static str {
+    if pg.is_some() { "PostgreSQL" } else { "SQLite" }
+}
+
+/// A fresh database: a SQLite file under `dir`, or with `pg` (a server's URL) a new
+/// PostgreSQL database on that server.
+fn fresh_on(dir: &Path, name: &str, pg: Option<&str>) -> (PathBuf, Service) {
+    let db = match pg {
         Some(admin) => {
             let db = format!("bench_{}", uuid::Uuid::new_v4().simple());
-            let mut c = postgres::Client::connect(&admin, postgres::NoTls).unwrap();
+            let mut c = postgres::Client::connect(admin, postgres::NoTls).unwrap();
             c.batch_execute(&format!("CREATE DATABASE {db}")).unwrap();
-            let mut url = url::Url::parse(&admin).unwrap();
+            let mut url = url::Url::parse(admin).unwrap();
             url.set_path(&format!("/{db}"));
             PathBuf::from(url.to_string())
         }
@@ -144,8 +155,10 @@ fn rss_kb(pid: u32) -> u64 {
 /// The figures, by name: `cargo bench --bench delivery -- NAME…` runs only those;
 /// `-- --quick` runs the CI guard (the raw commit rates and HTTP to 8 recipients) and fails
 /// when HTTP throughput falls below half its documented ratio to raw durable commits.
+/// `compare` (SQLite and PostgreSQL side by side) runs only when named.
 const SECTIONS: &[&str] = &[
-    "raw", "lib", "cli", "argv", "http", "engines", "failover", "backlog", "latency", "idle", "rss",
+    "raw", "lib", "cli", "argv", "http", "engines", "failover", "backlog", "latency", "idle",
+    "rss", "compare",
 ];
 
 /// Half the documented ratio of HTTP deliveries/s (8 recipients) to raw durable (FULL)
@@ -214,6 +227,10 @@ fn main() {
     if wanted("failover") {
         failover(d, &url);
     }
+    // Only when named: it repeats `lib`, `engines` and `failover` on both backends.
+    if named.contains(&"compare") {
+        compare(d, &url);
+    }
     if wanted("backlog") {
         http(d, &url, 1, 10_000, full_rate);
     }
@@ -252,12 +269,18 @@ fn raw(d: &Path) -> f64 {
 
 /// Sends through the library.
 fn lib(d: &Path) {
-    let (_, mut s) = fresh(d, "lib");
+    lib_on(d, postgres().as_deref(), 5_000);
+}
+
+/// `n` sends through the library on SQLite, or with `pg` on a new PostgreSQL database;
+/// returns sends/s.
+fn lib_on(d: &Path, pg: Option<&str>, n: u32) -> f64 {
+    let side = if pg.is_some() { "pg" } else { "lite" };
+    let (_, mut s) = fresh_on(d, &format!("lib-{side}"), pg);
     s.add_agent("a", Some("demo"), None, None, None, &[])
         .unwrap();
     s.add_agent("b", Some("demo"), None, None, None, &[])
         .unwrap();
-    let n = 5_000;
     let t = Instant::now();
     for i in 0..n {
         s.send("a", "b", &format!("message {i}"), None, None, None)
@@ -265,8 +288,40 @@ fn lib(d: &Path) {
     }
     let lib_rate = f64::from(n) / t.elapsed().as_secs_f64();
     println!(
-        "| sends/s through the library (send + enrol, one durable transaction each) | {lib_rate:.0} |"
+        "| sends/s through the library (send + enrol, one durable transaction each; {n} sends; {}) | {lib_rate:.0} |",
+        backend_name(pg)
     );
+    lib_rate
+}
+
+/// Issue 17's figures side by side in one run (needs `HANDOFFS_BENCH_POSTGRES`): sends/s
+/// through the library, and deliveries/s of a backlog of 2,000 to 8 HTTP no-op recipients
+/// drained by 1, 2 and 4 engines, on SQLite and on PostgreSQL alternately (each figure on a
+/// fresh database), then the failover time on PostgreSQL; a summary row for each pair.
+fn compare(d: &Path, url: &str) {
+    let Some(pg) = postgres() else {
+        println!("| SQLite and PostgreSQL side by side | (needs HANDOFFS_BENCH_POSTGRES) |");
+        return;
+    };
+    let mut pairs = vec![(
+        "sends/s through the library (2,000 sends)".to_owned(),
+        lib_on(d, None, 2_000),
+        lib_on(d, Some(&pg), 2_000),
+    )];
+    for k in [1, 2, 4] {
+        pairs.push((
+            format!("deliveries/s, {k} engine(s), 2,000 to 8 HTTP recipients"),
+            engines_on(d, url, k, None),
+            engines_on(d, url, k, Some(&pg)),
+        ));
+    }
+    for (what, lite, pg) in pairs {
+        println!(
+            "| side by side: {what}, SQLite / PostgreSQL | {lite:.0} / {pg:.0} ({:.1}×) |",
+            lite / pg
+        );
+    }
+    failover(d, url);
 }
 
 /// One `handoffs send` process.
@@ -370,7 +425,19 @@ fn http(d: &Path, url: &str, recipients: usize, n: usize, full_rate: Option<f64>
 /// A database with a demo sender and `recipients` HTTP recipients at `url`, and `n` handoffs
 /// sent to them round robin (before any engine runs).
 fn backlog(d: &Path, name: &str, url: &str, recipients: usize, n: usize) -> (PathBuf, Service) {
-    let (db, mut s) = fresh(d, name);
+    backlog_on(d, name, url, recipients, n, postgres().as_deref())
+}
+
+/// [`backlog`] on SQLite, or with `pg` on a new database of that PostgreSQL server.
+fn backlog_on(
+    d: &Path,
+    name: &str,
+    url: &str,
+    recipients: usize,
+    n: usize,
+    pg: Option<&str>,
+) -> (PathBuf, Service) {
+    let (db, mut s) = fresh_on(d, name, pg);
     s.add_agent("lead", Some("demo"), None, None, None, &[])
         .unwrap();
     for r in 0..recipients {
@@ -400,9 +467,16 @@ fn backlog(d: &Path, name: &str, url: &str, recipients: usize, n: usize) -> (Pat
 
 /// Deliveries/s of a backlog of 2,000 to 8 HTTP recipients drained by `k` engines at once
 /// (on SQLite only one delivers: the others find the file's engine lock taken and skip).
-fn engines(d: &Path, url: &str, k: usize) {
+fn engines(d: &Path, url: &str, k: usize) -> f64 {
+    engines_on(d, url, k, postgres().as_deref())
+}
+
+/// [`engines`] on SQLite, or with `pg` on a new database of that PostgreSQL server; returns
+/// deliveries/s.
+fn engines_on(d: &Path, url: &str, k: usize, pg: Option<&str>) -> f64 {
     let n = 2_000;
-    let (db, mut s) = backlog(d, &format!("engines{k}"), url, 8, n);
+    let side = if pg.is_some() { "pg" } else { "lite" };
+    let (db, mut s) = backlog_on(d, &format!("engines{k}-{side}"), url, 8, n, pg);
     let t0 = Instant::now();
     let running: Vec<Child> = (0..k).map(|_| engine(&db)).collect();
     wait_returned(&mut s, n as i64, Duration::from_secs(600));
@@ -412,11 +486,13 @@ fn engines(d: &Path, url: &str, k: usize) {
         stop(e);
     }
     println!(
-        "| deliveries/s, {k} engine(s) at once, backlog of {n} to 8 HTTP recipients (drained in {:.2} s; the engines' CPU {:.0} µs a delivery) | {:.0} |",
+        "| deliveries/s, {k} engine(s) at once, backlog of {n} to 8 HTTP recipients ({}; drained in {:.2} s; the engines' CPU {:.0} µs a delivery) | {:.0} |",
+        backend_name(pg),
         total.as_secs_f64(),
         cpu as f64 * 10.0 * 1000.0 / n as f64,
         n as f64 / total.as_secs_f64()
     );
+    n as f64 / total.as_secs_f64()
 }
 
 /// The recipient leases as stored: recipient, engine, expiry.

@@ -131,25 +131,73 @@ enum Op {
 /// The store's SQL for leases does what `model::lease` says, case by case: random sequences
 /// of takes, renewals, fencing checks and releases by two engines at times that run past
 /// leases, applied to the store and to the model's rules side by side, agree on every answer
-/// and on the stored lease after each step. (Every holder's session is alive here; a gone
-/// session is the real-process tests' case.) On PostgreSQL too when a server is given.
+/// and on the stored lease after each step. Each operation goes through one of two
+/// connections, and the second one's session is ended now and then: on PostgreSQL a lease
+/// last written through a session that has ended is the model's `holder_alive = false`
+/// (another engine may take it before it expires). On PostgreSQL too when a server is given.
 #[test]
 fn the_stores_lease_statements_follow_the_models_rules() {
     let dir = tempfile::tempdir().unwrap();
     let sqlite = dir.path().join("h.sqlite3");
     Store::init(&sqlite).unwrap();
-    lease_rules_agree(Store::open(&sqlite).unwrap());
+    lease_rules_agree(&sqlite);
     if let Some(admin) = common::postgres_or_skip("the lease statements on PostgreSQL") {
         let url = common::fresh_postgres(&admin);
         let path = std::path::PathBuf::from(&url);
         Store::init(&path).unwrap();
-        lease_rules_agree(Store::open(&path).unwrap());
+        lease_rules_agree(&path);
     }
 }
 
-fn lease_rules_agree(mut store: Store) {
+/// The second connection of [`lease_rules_agree`]: its store, and which of its sessions it
+/// is (a new one after each end).
+struct Side {
+    store: Option<Store>,
+    generation: u32,
+}
+
+/// Ends `side`'s session, and waits until the server no longer lists it (on PostgreSQL a
+/// session's end reaches `pg_stat_activity` a moment after its socket closes).
+fn end_session(side: &mut Side, db: &std::path::Path) {
+    let Some(store) = side.store.take() else {
+        return;
+    };
+    side.generation += 1;
+    let pid = store.session_pid();
+    drop(store);
+    let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) else {
+        return;
+    };
+    let mut client = ::postgres::Client::connect(&db.to_string_lossy(), ::postgres::NoTls).unwrap();
+    let listed = |c: &mut ::postgres::Client| -> bool {
+        c.query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
+            &[&pid],
+        )
+        .unwrap()
+        .get::<_, i64>(0)
+            > 0
+    };
+    let t = std::time::Instant::now();
+    while listed(&mut client) {
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(10),
+            "session {pid} still listed 10 s after its end"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+#[allow(clippy::too_many_lines)]
+fn lease_rules_agree(db: &std::path::Path) {
     use model::lease::{self, Lease};
     const L: u64 = 4_000;
+    let sessions_end = common::is_postgres(db);
+    let mut main = Store::open(db).unwrap();
+    let mut side = Side {
+        store: None,
+        generation: 0,
+    };
     let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut next = move |n: u64| {
         seed = seed
@@ -157,14 +205,21 @@ fn lease_rules_agree(mut store: Store) {
             .wrapping_add(1_442_695_040_888_963_407);
         (seed >> 33) % n
     };
-    let mut checked = 0;
+    let (mut checked, mut taken_from_the_gone) = (0, 0);
     for case in 0..120 {
         let agent = format!("r{case}");
         let engines = [format!("a{case}"), format!("b{case}")];
         let mut now = 1_000_u64;
         let mut model: Option<Lease<String>> = None;
+        // The session the lease was last written through: `None` for the main one,
+        // `Some(g)` for the side's generation `g`.
+        let mut written_by: Option<u32> = None;
         for _ in 0..10 {
             now += next(4) * 1_000;
+            if next(6) == 0 {
+                end_session(&mut side, db);
+            }
+            let through_side = next(2) == 0;
             let e = usize::try_from(next(2)).unwrap();
             let op = match next(4) {
                 0 => Op::Take,
@@ -175,6 +230,11 @@ fn lease_rules_agree(mut store: Store) {
             let engine = &engines[e];
             let expires = i64::try_from(now + L).unwrap();
             let at = i64::try_from(now).unwrap();
+            let store = if through_side {
+                side.store.get_or_insert_with(|| Store::open(db).unwrap())
+            } else {
+                &mut main
+            };
             let (stored, answer) = store
                 .write(|tx| {
                     let answer = match op {
@@ -194,15 +254,30 @@ fn lease_rules_agree(mut store: Store) {
                             "()".to_owned()
                         }
                     };
-                    Ok::<_, handoffs::store::StoreError>((tx.lease_of(&agent)?, answer))
+                    // The check before a write reads the same lease (with no delivery).
+                    let (no_fence, lease) = tx.fence_and_lease("no such delivery", &agent)?;
+                    assert_eq!(no_fence, None);
+                    assert_eq!(lease, tx.lease_of(&agent)?);
+                    Ok::<_, handoffs::store::StoreError>((lease, answer))
                 })
                 .unwrap();
+            let session = through_side.then_some(side.generation);
+            let holder_alive = !sessions_end
+                || written_by.is_none_or(|g| side.store.is_some() && g == side.generation);
+            let before = model.clone();
             let expected = match op {
                 Op::Take => {
-                    let taken = lease::take(model.as_ref(), engine, Millis(now), L, true);
+                    let taken = lease::take(model.as_ref(), engine, Millis(now), L, holder_alive);
                     let fence = taken.as_ref().map(|l| l.fence);
                     if taken.is_some() {
+                        let still_live = before
+                            .as_ref()
+                            .is_some_and(|l| l.engine != *engine && l.expires_at > Millis(now));
+                        if still_live {
+                            taken_from_the_gone += 1;
+                        }
                         model = taken;
+                        written_by = session;
                     }
                     format!("{fence:?}")
                 }
@@ -213,6 +288,7 @@ fn lease_rules_agree(mut store: Store) {
                     let fences: Vec<i64> = renewed.iter().map(|l| l.fence).collect();
                     if renewed.is_some() {
                         model = renewed;
+                        written_by = session;
                     }
                     format!("{fences:?}")
                 }
@@ -221,6 +297,7 @@ fn lease_rules_agree(mut store: Store) {
                     let ok = held.is_some();
                     if ok {
                         model = held;
+                        written_by = session;
                     }
                     format!("{ok:?}")
                 }
@@ -237,10 +314,19 @@ fn lease_rules_agree(mut store: Store) {
             assert_eq!(
                 (&answer, &stored),
                 (&expected, &model),
-                "case {case}: {op:?} by {engine} at {now}: the store's answer and lease against the model's"
+                "case {case}: {op:?} by {engine} at {now} through the {} session (the lease's \
+                 holder alive: {holder_alive}): the store's answer and lease against the model's",
+                if through_side { "second" } else { "first" }
             );
             checked += 1;
         }
     }
     assert_eq!(checked, 1_200);
+    if sessions_end {
+        // The case this connection pair is for happened, or the check proved nothing.
+        assert!(
+            taken_from_the_gone > 0,
+            "no lease was taken before its expiry from a holder whose session had ended"
+        );
+    }
 }

@@ -330,9 +330,9 @@ impl Service {
             return Ok(None);
         };
         let engine = fencing.engine.clone();
-        let (row, reserved) = self.store.read(|tx| {
-            Ok::<_, crate::store::StoreError>((tx.lease_of(recipient)?, tx.delivery_fence(id)?))
-        })?;
+        let (reserved, row) = self
+            .store
+            .read_one_statement(|tx| tx.fence_and_lease(id, recipient))?;
         if reserved != Some(fence) {
             return Ok(None);
         }

@@ -182,7 +182,7 @@ impl Service {
         let now = millis(self.now());
         Ok(self
             .store
-            .read(|tx| tx.next_due(heads, now, (&engine, &host)))?)
+            .read_one_statement(|tx| tx.next_due(heads, now, (&engine, &host)))?)
     }
 
     /// Looks at delivery `id` again at `at` (never, with `None`).

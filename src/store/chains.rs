@@ -228,21 +228,12 @@ impl Tx<'_> {
         Ok(out)
     }
 
-    /// Whether message `id` belongs to a cancelled chain.
+    /// Whether message `id` belongs to a cancelled chain: its chain's row, as
+    /// [`Tx::chain_of_message`] reads it (and remembers it for the transaction).
     pub fn in_cancelled_chain(&self, id: &str) -> Result<bool> {
-        self.remembered(
-            |m| &mut m.in_cancelled_chain,
-            id.to_owned(),
-            || {
-                Ok(self
-                    .tx
-                    .prepare_cached(
-                        "SELECT EXISTS (SELECT 1 FROM messages m JOIN chains c ON c.id = m.chain_id
-                         WHERE m.id = ?1 AND c.state = 'cancelled')",
-                    )?
-                    .query_row([id], |r| r.get(0))?)
-            },
-        )
+        Ok(self
+            .chain_of_message(id)?
+            .is_some_and(|c| c.state == model::chain::ChainState::Cancelled))
     }
 
     /// Every message of chain `id`, oldest first.

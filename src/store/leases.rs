@@ -148,16 +148,33 @@ impl Tx<'_> {
         Ok(())
     }
 
-    /// The fencing token delivery `id`'s latest reservation was made under, if any.
-    pub fn delivery_fence(&self, id: &str) -> Result<Option<i64>> {
-        Ok(self
-            .row(
-                "SELECT fence FROM deliveries WHERE message_id = ?1",
-                params![id],
-                |r| r.get::<Option<i64>>(0),
-            )
-            .optional()?
-            .flatten())
+    /// What the check before a write reads, in one statement: the fencing token delivery
+    /// `id`'s latest reservation was made under, if any, and `agent`'s lease
+    /// ([`Tx::lease_of`]).
+    pub fn fence_and_lease(
+        &self,
+        id: &str,
+        agent: &str,
+    ) -> Result<(Option<i64>, Option<LeaseRow>)> {
+        Ok(self.row(
+            "SELECT d.fence, l.agent, l.engine, l.fence, l.expires_at
+               FROM (SELECT 1 AS one) AS one
+               LEFT JOIN deliveries d ON d.message_id = ?1
+               LEFT JOIN recipient_leases l ON l.agent = ?2",
+            params![id, agent],
+            |r| {
+                let lease = match r.get::<Option<String>>(1)? {
+                    Some(agent) => Some(LeaseRow {
+                        agent,
+                        engine: r.get(2)?,
+                        fence: r.get(3)?,
+                        expires_at: r.get(4)?,
+                    }),
+                    None => None,
+                };
+                Ok((r.get::<Option<i64>>(0)?, lease))
+            },
+        )?)
     }
 
     /// `agent`'s lease as stored now, if it ever had one.

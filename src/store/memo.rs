@@ -22,7 +22,6 @@ pub(super) struct Memo {
     pub config: HashMap<String, Option<Value>>,
     pub connections: HashMap<(String, String), Option<bool>>,
     pub chain_of_message: HashMap<String, Option<ChainRow>>,
-    pub in_cancelled_chain: HashMap<String, bool>,
 }
 
 impl Memo {
@@ -40,18 +39,19 @@ impl Memo {
             && self.config.is_empty()
             && self.connections.is_empty()
             && self.chain_of_message.is_empty()
-            && self.in_cancelled_chain.is_empty()
     }
 }
 
 /// Whether statement `sql` may change a remembered row. Only the delivery steps' own
-/// statements (their delivery row, their event lines, a new delivery) are known not to: every
-/// other write forgets what was read, which costs a re-read at worst.
+/// statements (their delivery row, their event lines, a new delivery, and on PostgreSQL the
+/// lease renewal each step's fencing check makes: no remembered table, no trigger) are known
+/// not to: every other write forgets what was read, which costs a re-read at worst.
 pub(super) fn forgets(sql: &str) -> bool {
-    const KEEPS: [&str; 4] = [
+    const KEEPS: [&str; 5] = [
         "UPDATE deliveries SET",
         "INSERT INTO events ",
         "INSERT INTO deliveries ",
+        "UPDATE recipient_leases SET",
         "SELECT ",
     ];
     let sql = sql.trim_start();
@@ -69,6 +69,10 @@ mod tests {
         ));
         assert!(!forgets("\n  INSERT INTO events (at) VALUES (?1)"));
         assert!(!forgets("SELECT value FROM config WHERE key = ?1"));
+        // A step's fencing check renews its lease: no remembered table.
+        assert!(!forgets(
+            "UPDATE recipient_leases SET expires_at = ?4, session = ?5 WHERE agent = ?1"
+        ));
         for sql in [
             "UPDATE agents SET settings = ?2",
             "INSERT INTO config (key, value) VALUES (?1, ?2)",

@@ -169,6 +169,12 @@ enum Db {
         session: pg::PgSession,
         /// A transaction is open on the session.
         open: std::cell::Cell<bool>,
+        /// A step ended and its `RELEASE SAVEPOINT` is not sent yet: it goes in one message
+        /// with the next step's `SAVEPOINT` (a round trip a step saved), and `COMMIT` releases
+        /// it anyway. Statements between the two run inside the finished step's savepoint,
+        /// which changes nothing but what a `ROLLBACK TO` would undo: `Undo` sends the release
+        /// first.
+        released: std::cell::Cell<bool>,
     },
 }
 
@@ -471,6 +477,37 @@ impl Store {
         self.transaction(false, f)
     }
 
+    /// [`Store::read`] for a body that runs exactly one statement: on PostgreSQL, outside a
+    /// batch, it runs on its own without `BEGIN` and `COMMIT` (a single statement is a
+    /// consistent snapshot by itself), one round trip instead of three. A body of more
+    /// statements would read each from a snapshot of its own: use [`Store::read`].
+    pub fn read_one_statement<T, E>(
+        &mut self,
+        f: impl FnOnce(&Tx<'_>) -> Result<T, E>,
+    ) -> Result<T, E>
+    where
+        E: From<StoreError>,
+    {
+        let Db::Pg { session, open, .. } = &self.db else {
+            return self.read(f);
+        };
+        if self.batch.open || open.get() {
+            return self.read(f);
+        }
+        // As a `BEGIN` would: a session lost since the last transaction is opened anew.
+        session.reopen()?;
+        self.memo.borrow_mut().clear();
+        let out = f(&self.tx());
+        self.memo.borrow_mut().clear();
+        out
+    }
+
+    /// The PostgreSQL server process of this connection's session (it changes when a lost
+    /// session is opened anew); `None` on SQLite.
+    pub fn session_pid(&self) -> Option<i64> {
+        self.conn().session_pid()
+    }
+
     /// A [`Tx`] on the connection, with this store's memo.
     fn tx(&self) -> Tx<'_> {
         Tx {
@@ -519,8 +556,13 @@ impl Store {
                 c.prepare_cached(sql)?.execute([])?;
                 Ok(())
             }
-            Db::Pg { session, open } => match what {
+            Db::Pg {
+                session,
+                open,
+                released,
+            } => match what {
                 Control::BeginWrite | Control::BeginRead => {
+                    released.set(false);
                     session.begin(if what == Control::BeginWrite {
                         pg_schema::WRITE_BEGIN
                     } else {
@@ -531,17 +573,27 @@ impl Store {
                 }
                 Control::CommitWrite | Control::CommitRead | Control::Rollback => {
                     open.set(false);
+                    released.set(false);
                     session.batch(match what {
                         Control::CommitWrite => pg_schema::WRITE_COMMIT,
                         Control::CommitRead => "COMMIT",
                         _ => "ROLLBACK",
                     })
                 }
-                Control::Savepoint => session.batch("SAVEPOINT step"),
-                Control::Release => session.batch("RELEASE SAVEPOINT step"),
-                Control::Undo => {
-                    session.batch("ROLLBACK TO SAVEPOINT step; RELEASE SAVEPOINT step")
+                Control::Savepoint => session.batch(if released.replace(false) {
+                    "RELEASE SAVEPOINT step; SAVEPOINT step"
+                } else {
+                    "SAVEPOINT step"
+                }),
+                Control::Release => {
+                    released.set(true);
+                    Ok(())
                 }
+                Control::Undo => session.batch(if released.replace(false) {
+                    "RELEASE SAVEPOINT step; ROLLBACK TO SAVEPOINT step; RELEASE SAVEPOINT step"
+                } else {
+                    "ROLLBACK TO SAVEPOINT step; RELEASE SAVEPOINT step"
+                }),
             },
         }
     }
@@ -895,6 +947,7 @@ impl Store {
             Db::Pg {
                 session,
                 open: std::cell::Cell::new(false),
+                released: std::cell::Cell::new(false),
             },
             url.to_owned(),
         );

@@ -479,16 +479,19 @@ impl PgSession {
             .map_err(PgFailure::into_store_error)
     }
 
+    /// Opens the session anew if it was lost (between transactions only); no round trip to
+    /// the server otherwise.
+    pub fn reopen(&self) -> Result<(), StoreError> {
+        self.call(Worker::reopen)
+            .map_err(PgFailure::into_store_error)
+    }
+
     /// Begins a transaction with `sql`, first opening the session anew if it was lost
     /// (between transactions only: a transaction never spans two sessions).
     pub fn begin(&self, sql: &str) -> Result<(), StoreError> {
         let sql = sql.to_owned();
         self.call(move |w| {
-            if w.client.is_closed() {
-                w.client = connect(&w.url)?;
-                w.pid.store(backend_pid(&mut w.client)?, Ordering::SeqCst);
-                w.statements.clear();
-            }
+            w.reopen()?;
             // `BEGIN; SELECT pg_advisory_xact_lock(…)` is one message: when the lock's wait
             // times out, the transaction is open and failed. End it, or every later call
             // of this session would fail.
@@ -574,6 +577,17 @@ pub fn listen<T: Send + Sync + 'static>(
 }
 
 impl Worker {
+    /// A new session in place of a lost one.
+    fn reopen(&mut self) -> Result<(), PgFailure> {
+        if self.client.is_closed() {
+            self.client = connect(&self.url)?;
+            self.pid
+                .store(backend_pid(&mut self.client)?, Ordering::SeqCst);
+            self.statements.clear();
+        }
+        Ok(())
+    }
+
     fn prepare(&mut self, sql: &str) -> Result<Statement, PgFailure> {
         if let Some(st) = self.statements.get(sql) {
             return Ok(st.clone());

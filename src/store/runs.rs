@@ -372,9 +372,9 @@ impl super::Store {
         self.write_shared(|tx| tx.set_run_note(request_id, note))
     }
 
-    /// The message a run delivers.
+    /// The message a run delivers (one statement).
     pub fn run_message(&mut self, message_id: &str) -> Result<Option<super::MessageRow>> {
-        self.read(|tx| tx.message(message_id))
+        self.read_one_statement(|tx| tx.message(message_id))
     }
 
     /// Whether the delivery of `message_id` holds its recipient (a write of it may be going).
