@@ -68,3 +68,62 @@ fn steps_hold(db: &std::path::Path) {
     set(&mut store, "g", 8).unwrap();
     assert_eq!(config(&mut other, "g"), Some(json!(8)));
 }
+
+/// On PostgreSQL a step's `SAVEPOINT` (and the release of the step before, held back) goes
+/// out with the step's first statement. When that held control fails, the step's undo must
+/// not run `ROLLBACK TO SAVEPOINT`: the newest savepoint of that name is then the earlier
+/// step's, still open, and rolling back to it would silently undo a step its caller was told
+/// succeeded. The undo fails instead (the batch is then rolled back whole, and reported lost).
+#[test]
+fn a_failed_held_savepoint_never_undoes_the_step_before() {
+    use handoffs::store::pg::PgSession;
+    use handoffs::store::sql::Val;
+    let Some(admin) = common::postgres_or_skip("held savepoints on PostgreSQL") else {
+        return;
+    };
+    let url = common::fresh_postgres(&admin);
+    let s = PgSession::connect(&url).unwrap();
+    s.batch("CREATE TABLE t (x int)").unwrap();
+    let insert = "INSERT INTO t VALUES (?1)";
+    // Both ways a held statement goes out: with a statement the session has prepared
+    // (pipelined in one write), and on its own before one it prepares first.
+    for (round, prepared) in [(0, true), (1, false)] {
+        let failing = if prepared {
+            insert.to_owned()
+        } else {
+            format!("INSERT INTO t VALUES (?1 + {round})")
+        };
+        s.begin("BEGIN").unwrap();
+        s.hold("SAVEPOINT step");
+        s.execute(insert, vec![Val::Int(1)]).unwrap();
+        // The first step's release is held back; the next step's control fails (no such
+        // savepoint), and with it that step's first statement.
+        s.hold("RELEASE SAVEPOINT nothing_of_that_name; SAVEPOINT step");
+        let e = s.execute(&failing, vec![Val::Int(2)]).unwrap_err();
+        assert!(e.to_string().contains("nothing_of_that_name"), "{e}");
+        let undo = s.undo("ROLLBACK TO SAVEPOINT step; RELEASE SAVEPOINT step");
+        assert!(
+            undo.is_err(),
+            "round {round}: the undo rolled back to the first step's savepoint"
+        );
+        // The commit of what is left fails, and leaves the session outside any transaction.
+        assert!(s.commit("NOTIFY handoffs; COMMIT").is_err());
+        assert_eq!(
+            s.query("SELECT count(*) FROM t", vec![]).unwrap(),
+            vec![vec![Val::Int(0)]]
+        );
+    }
+    // The session goes on, and so do undos.
+    s.begin("BEGIN").unwrap();
+    s.hold("SAVEPOINT step");
+    s.execute(insert, vec![Val::Int(3)]).unwrap();
+    s.undo("ROLLBACK TO SAVEPOINT step; RELEASE SAVEPOINT step")
+        .unwrap();
+    s.hold("SAVEPOINT step");
+    s.execute(insert, vec![Val::Int(4)]).unwrap();
+    s.commit("COMMIT").unwrap();
+    assert_eq!(
+        s.query("SELECT x FROM t", vec![]).unwrap(),
+        vec![vec![Val::Int(4)]]
+    );
+}

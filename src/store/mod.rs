@@ -495,7 +495,7 @@ impl Store {
             return self.read(f);
         }
         // As a `BEGIN` would: a session lost since the last transaction is opened anew.
-        session.reopen()?;
+        session.fresh();
         self.memo.borrow_mut().clear();
         let out = f(&self.tx());
         self.memo.borrow_mut().clear();
@@ -561,35 +561,48 @@ impl Store {
                 open,
                 released,
             } => match what {
-                Control::BeginWrite | Control::BeginRead => {
+                Control::BeginWrite => {
                     released.set(false);
-                    session.begin(if what == Control::BeginWrite {
-                        pg_schema::WRITE_BEGIN
-                    } else {
-                        pg_schema::READ_BEGIN
-                    })?;
+                    session.begin(pg_schema::WRITE_BEGIN)?;
                     open.set(true);
                     Ok(())
                 }
-                Control::CommitWrite | Control::CommitRead | Control::Rollback => {
+                // A read's `BEGIN` cannot fail on its own: it goes out with its first
+                // statement (a writer's may time out on the writers' lock: it is waited for).
+                Control::BeginRead => {
+                    released.set(false);
+                    session.begin_later(pg_schema::READ_BEGIN);
+                    open.set(true);
+                    Ok(())
+                }
+                Control::CommitWrite | Control::CommitRead => {
                     open.set(false);
                     released.set(false);
-                    session.batch(match what {
-                        Control::CommitWrite => pg_schema::WRITE_COMMIT,
-                        Control::CommitRead => "COMMIT",
-                        _ => "ROLLBACK",
+                    session.commit(if what == Control::CommitWrite {
+                        pg_schema::WRITE_COMMIT
+                    } else {
+                        "COMMIT"
                     })
                 }
-                Control::Savepoint => session.batch(if released.replace(false) {
-                    "RELEASE SAVEPOINT step; SAVEPOINT step"
-                } else {
-                    "SAVEPOINT step"
-                }),
+                Control::Rollback => {
+                    open.set(false);
+                    released.set(false);
+                    session.rollback()
+                }
+                // Goes out with the step's first statement (or its undo, or the commit).
+                Control::Savepoint => {
+                    session.hold(if released.replace(false) {
+                        "RELEASE SAVEPOINT step; SAVEPOINT step"
+                    } else {
+                        "SAVEPOINT step"
+                    });
+                    Ok(())
+                }
                 Control::Release => {
                     released.set(true);
                     Ok(())
                 }
-                Control::Undo => session.batch(if released.replace(false) {
+                Control::Undo => session.undo(if released.replace(false) {
                     "RELEASE SAVEPOINT step; ROLLBACK TO SAVEPOINT step; RELEASE SAVEPOINT step"
                 } else {
                     "ROLLBACK TO SAVEPOINT step; RELEASE SAVEPOINT step"

@@ -1,9 +1,15 @@
-//! PostgreSQL: one session per `Store`, driven by the synchronous `postgres` client on a
-//! worker thread of its own. The client runs a Tokio runtime inside, which must never be
-//! entered from a thread already driving one (the engine, `serve` and the MCP server call
-//! the store from async code, as they call SQLite: briefly and blocking); so every call is
-//! handed to the worker and its answer waited for on a channel. Statements are prepared
-//! once per session, their `?N` parameters rewritten to `$N`.
+//! PostgreSQL: one session per `Store`, driven by `tokio-postgres` on a worker thread of its
+//! own, with a current-thread Tokio runtime that runs only while the worker waits on a call
+//! (as the synchronous `postgres` client does it). That runtime must never be entered from a
+//! thread already driving one (the engine, `serve` and the MCP server call the store from
+//! async code, as they call SQLite: briefly and blocking); so every call is handed to the
+//! worker and its answer waited for on a channel. Statements are prepared once per session,
+//! their `?N` parameters rewritten to `$N`.
+//!
+//! Transaction control that cannot fail on its own (a read transaction's `BEGIN`, a step's
+//! `SAVEPOINT`) is held back ([`PgSession::hold`]) and goes out with the next call, in the
+//! same write to the socket as its statement (pipelined): one round trip where there were
+//! two. Whatever fails among them is that call's error.
 //!
 //! Every write transaction `NOTIFY`s [`CHANNEL`] as it commits. A store that asks how many
 //! commits there were ([`PgSession::notified`], PostgreSQL's `data_version`: the engine)
@@ -15,11 +21,11 @@ use super::StoreError;
 use super::sql::Val;
 use postgres::fallible_iterator::FallibleIterator as _;
 use postgres::types::{FromSql, IsNull, ToSql, Type, to_sql_checked};
-use postgres::{Client, NoTls, Statement};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak, mpsc};
 use std::time::Duration;
+use tokio_postgres::{Client, NoTls, Statement};
 
 /// The channel write transactions notify.
 pub const CHANNEL: &str = "handoffs";
@@ -53,7 +59,7 @@ pub fn check_url(db: &std::path::Path) -> Result<(), String> {
 /// `verify-full` are `require`. With no `sslmode` a session is not encrypted, as before TLS
 /// was supported (a server with a certificate nobody trusts, Debian's default, stays
 /// reachable): add `sslmode=require` for TLS.
-fn settings(url: &str) -> Result<(postgres::Config, Option<std::path::PathBuf>), String> {
+fn settings(url: &str) -> Result<(tokio_postgres::Config, Option<std::path::PathBuf>), String> {
     let decoded = |raw: &str| {
         percent_encoding::percent_decode_str(raw)
             .decode_utf8()
@@ -79,7 +85,7 @@ fn settings(url: &str) -> Result<(postgres::Config, Option<std::path::PathBuf>),
     let described = |e: postgres::Error| {
         std::error::Error::source(&e).map_or_else(|| e.to_string(), ToString::to_string)
     };
-    let mut config: postgres::Config = rest.parse().map_err(described)?;
+    let mut config: tokio_postgres::Config = rest.parse().map_err(described)?;
     config.ssl_mode(match mode.as_deref() {
         None | Some("disable") => postgres::config::SslMode::Disable,
         Some("prefer") => postgres::config::SslMode::Prefer,
@@ -276,10 +282,10 @@ fn wrap(f: PgFailure) -> rusqlite::Error {
     rusqlite::Error::ToSqlConversionFailure(Box::new(f))
 }
 
-/// The work a session's thread does: its client and prepared statements.
+/// The work a session's thread does: its session and prepared statements.
 struct Worker {
     url: String,
-    client: Client,
+    session: Session,
     statements: HashMap<String, Statement>,
     /// This session's backend process (the listener does not count its notifications).
     pid: Arc<AtomicI32>,
@@ -295,9 +301,20 @@ struct Heard {
 
 type Job = Box<dyn FnOnce(&mut Worker) + Send>;
 
+/// Transaction control held back for the next call (see the module's notes).
+#[derive(Debug, Default)]
+struct Held {
+    /// Statements without parameters, each followed by `;`.
+    text: String,
+    /// The next call begins a transaction (or runs a statement on its own): a session lost
+    /// since the last transaction may be opened anew first, as `BEGIN` does.
+    fresh: bool,
+}
+
 /// One PostgreSQL session (see the module's notes).
 pub struct PgSession {
     jobs: mpsc::Sender<Job>,
+    held: std::sync::Mutex<Held>,
     url: String,
     pid: Arc<AtomicI32>,
     /// Started by the first [`PgSession::notified`]; its thread ends soon after this drops.
@@ -310,13 +327,11 @@ pub struct PgSession {
 /// stays stopped. No transaction of ours waits on anything but the server between statements.
 pub const IDLE_IN_TRANSACTION_MS: u64 = 10_000;
 
-/// A session to `url`, with bounds on what the network may take: a connect gives up after
-/// 10 s, and a session whose peer stopped answering is declared dead within about half a
-/// minute (TCP keepalive and user timeout) instead of the kernel's quarter of an hour,
-/// unless the URL says otherwise. A session idle inside a transaction for
-/// [`IDLE_IN_TRANSACTION_MS`] is ended by the server. Each commit waits for its flush (`synchronous_commit`,
-/// whatever the server's default): a reservation is on disk before its write goes out.
-fn connect(url: &str) -> Result<Client, PgFailure> {
+/// What a session to `url` is opened with: its settings, with bounds on what the network may
+/// take: a connect gives up after 10 s, and a session whose peer stopped answering is
+/// declared dead within about half a minute (TCP keepalive and user timeout) instead of the
+/// kernel's quarter of an hour, unless the URL says otherwise; and the roots its TLS trusts.
+fn config(url: &str) -> Result<(tokio_postgres::Config, Option<std::path::PathBuf>), PgFailure> {
     let (mut config, root) = settings(url).map_err(|message| PgFailure {
         code: None,
         closed: false,
@@ -334,23 +349,189 @@ fn connect(url: &str) -> Result<Client, PgFailure> {
             .keepalives_interval(Duration::from_secs(5))
             .keepalives_retries(3);
     }
+    Ok((config, root))
+}
+
+/// What every session sets first. A session idle inside a transaction for
+/// [`IDLE_IN_TRANSACTION_MS`] is ended by the server. Each commit waits for its flush
+/// (`synchronous_commit`, whatever the server's default): a reservation is on disk before its
+/// write goes out.
+fn session_settings() -> String {
+    let wait = std::env::var("HANDOFFS_BUSY_TIMEOUT_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(30_000);
+    format!(
+        "SET lock_timeout = {wait}; SET TIME ZONE 'UTC'; SET synchronous_commit = on; \
+         SET idle_in_transaction_session_timeout = {IDLE_IN_TRANSACTION_MS};"
+    )
+}
+
+/// A session through the synchronous client (the listener's: it reads notifications while
+/// it waits on the socket).
+fn connect_sync(url: &str) -> Result<postgres::Client, PgFailure> {
+    let (config, root) = config(url)?;
+    let config = postgres::Config::from(config);
     let mut client = if config.get_ssl_mode() == postgres::config::SslMode::Disable {
         config.connect(NoTls)
     } else {
         config.connect(tls(root.as_deref())?)
     }
     .map_err(|e| PgFailure::of(&e))?;
-    let wait = std::env::var("HANDOFFS_BUSY_TIMEOUT_MS")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(30_000);
     client
-        .batch_execute(&format!(
-            "SET lock_timeout = {wait}; SET TIME ZONE 'UTC'; SET synchronous_commit = on; \
-             SET idle_in_transaction_session_timeout = {IDLE_IN_TRANSACTION_MS};"
-        ))
+        .batch_execute(&session_settings())
         .map_err(|e| PgFailure::of(&e))?;
     Ok(client)
+}
+
+/// A session of the worker: the asynchronous client, and the runtime that drives its
+/// connection while the worker waits on a call.
+struct Session {
+    rt: tokio::runtime::Runtime,
+    client: Client,
+    /// The connection's task: it says goodbye to the server once the client is gone.
+    connection: tokio::task::JoinHandle<()>,
+    /// What the server said as it ended the session (the idle-in-transaction timeout, a
+    /// shutdown), read by the connection's task while no call waited for it: the error of the
+    /// call that finds the session closed, as the server's words rather than a bare "closed".
+    ended: Arc<std::sync::Mutex<Option<PgFailure>>>,
+    /// Statements held back failed (a step's `SAVEPOINT` among them, not made): until the
+    /// next transaction begins, no undo (`ROLLBACK TO SAVEPOINT`) may run, as it would roll
+    /// back to an earlier step's savepoint instead (still open while its release was held
+    /// back). The step's undo fails, and with it the whole batch, which its next look
+    /// reports lost.
+    held_failed: std::cell::Cell<bool>,
+}
+
+impl Session {
+    fn open(url: &str) -> Result<Session, PgFailure> {
+        let (config, root) = config(url)?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| PgFailure {
+                code: None,
+                closed: true,
+                message: format!("cannot start the PostgreSQL session's runtime: {e}"),
+            })?;
+        let ended = Arc::new(std::sync::Mutex::new(None));
+        let slot = ended.clone();
+        let keep = move |out: Result<(), tokio_postgres::Error>| {
+            if let Err(e) = out
+                && e.as_db_error().is_some()
+            {
+                *slot
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(PgFailure::of(&e));
+            }
+        };
+        let (client, connection) =
+            if config.get_ssl_mode() == tokio_postgres::config::SslMode::Disable {
+                let (client, connection) = rt
+                    .block_on(config.connect(NoTls))
+                    .map_err(|e| PgFailure::of(&e))?;
+                (client, rt.spawn(async move { keep(connection.await) }))
+            } else {
+                let (client, connection) = rt
+                    .block_on(config.connect(tls(root.as_deref())?))
+                    .map_err(|e| PgFailure::of(&e))?;
+                (client, rt.spawn(async move { keep(connection.await) }))
+            };
+        let session = Session {
+            rt,
+            client,
+            connection,
+            ended,
+            held_failed: std::cell::Cell::new(false),
+        };
+        session.batch(&session_settings())?;
+        Ok(session)
+    }
+
+    /// Ends the session the way a client should (the server logs no lost connection),
+    /// waiting at most a second.
+    fn close(self) {
+        let Session {
+            rt,
+            client,
+            connection,
+            ..
+        } = self;
+        drop(client);
+        let _ =
+            rt.block_on(async { tokio::time::timeout(Duration::from_secs(1), connection).await });
+    }
+
+    /// The failure of a call: what the server said as it ended the session, when the call
+    /// found it closed and the server had said something.
+    fn failure(&self, e: &tokio_postgres::Error) -> PgFailure {
+        let said = e.is_closed().then(|| {
+            self.ended
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take()
+        });
+        match said.flatten() {
+            Some(mut f) => {
+                f.closed = true;
+                f
+            }
+            None => PgFailure::of(e),
+        }
+    }
+
+    fn batch(&self, sql: &str) -> Result<(), PgFailure> {
+        self.rt
+            .block_on(self.client.batch_execute(sql))
+            .map_err(|e| self.failure(&e))
+    }
+
+    /// A step's undo (`ROLLBACK TO SAVEPOINT`), refused after a held statement failed.
+    fn undo(&self, sql: &str) -> Result<(), PgFailure> {
+        if self.held_failed.get() {
+            return Err(PgFailure {
+                code: None,
+                closed: false,
+                message: "a step's savepoint was not made: the transaction is rolled back whole"
+                    .to_owned(),
+            });
+        }
+        self.batch(sql)
+    }
+
+    /// Runs `held` on its own (before a statement still to be prepared).
+    fn batch_held(&self, held: &str) -> Result<(), PgFailure> {
+        self.batch(held).inspect_err(|_| self.held_failed.set(true))
+    }
+
+    fn backend_pid(&self) -> Result<i32, PgFailure> {
+        self.rt
+            .block_on(self.client.query_one("SELECT pg_backend_pid()", &[]))
+            .and_then(|r| r.try_get(0))
+            .map_err(|e| self.failure(&e))
+    }
+
+    /// `run`'s statement, after `held` (when there is any) in the same write to the socket:
+    /// the server answers both in order, and a failure of `held` is the call's.
+    fn pipelined<T>(
+        &self,
+        held: &str,
+        run: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+    ) -> Result<T, PgFailure> {
+        if held.is_empty() {
+            return self.rt.block_on(run).map_err(|e| self.failure(&e));
+        }
+        // `join` polls the held statements first: their request is queued before `run`'s.
+        let (first, then) = self.rt.block_on(futures_util::future::join(
+            self.client.batch_execute(held),
+            run,
+        ));
+        if let Err(e) = first {
+            self.held_failed.set(true);
+            return Err(self.failure(&e));
+        }
+        then.map_err(|e| self.failure(&e))
+    }
 }
 
 impl std::fmt::Debug for PgSession {
@@ -359,13 +540,6 @@ impl std::fmt::Debug for PgSession {
             .field("url", &redacted(&self.url))
             .finish_non_exhaustive()
     }
-}
-
-fn backend_pid(client: &mut Client) -> Result<i32, PgFailure> {
-    client
-        .query_one("SELECT pg_backend_pid()", &[])
-        .and_then(|r| r.try_get(0))
-        .map_err(|e| PgFailure::of(&e))
 }
 
 impl PgSession {
@@ -380,14 +554,14 @@ impl PgSession {
         std::thread::Builder::new()
             .name("handoffs-pg".to_owned())
             .spawn(move || {
-                let mut client = match connect(&owned) {
+                let session = match Session::open(&owned) {
                     Ok(c) => c,
                     Err(e) => {
                         let _ = ready.send(Err(e));
                         return;
                     }
                 };
-                match backend_pid(&mut client) {
+                match session.backend_pid() {
                     Ok(p) => worker_pid.store(p, Ordering::SeqCst),
                     Err(e) => {
                         let _ = ready.send(Err(e));
@@ -397,18 +571,20 @@ impl PgSession {
                 let _ = ready.send(Ok(()));
                 let mut worker = Worker {
                     url: owned,
-                    client,
+                    session,
                     statements: HashMap::new(),
                     pid: worker_pid,
                 };
                 while let Ok(job) = inbox.recv() {
                     job(&mut worker);
                 }
+                worker.session.close();
             })
             .map_err(|e| StoreError::Io(format!("cannot start the PostgreSQL worker: {e}")))?;
         match started.recv() {
             Ok(Ok(())) => Ok(PgSession {
                 jobs,
+                held: std::sync::Mutex::default(),
                 url: url.to_owned(),
                 pid,
                 heard: OnceLock::new(),
@@ -443,14 +619,54 @@ impl PgSession {
         rx.recv().map_err(|_| PgFailure::gone())?
     }
 
+    /// What is held back for the next call, taken.
+    fn take_held(&self) -> Held {
+        std::mem::take(
+            &mut *self
+                .held
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+
+    /// Holds `sql` (statements without parameters that cannot fail on their own: a step's
+    /// `SAVEPOINT`) back to go out with the next call.
+    pub fn hold(&self, sql: &str) {
+        let mut held = self
+            .held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        held.text.push_str(sql);
+        held.text.push(';');
+    }
+
+    /// Holds back `sql`, which begins a transaction (a read transaction's `BEGIN`), for the
+    /// next call, which may open a lost session anew first.
+    pub fn begin_later(&self, sql: &str) {
+        self.hold(sql);
+        self.fresh();
+    }
+
+    /// The next call runs a statement on its own, outside any transaction: a lost session
+    /// may be opened anew first.
+    pub fn fresh(&self) {
+        self.held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .fresh = true;
+    }
+
     /// The rows of `sql` with `params`, every value read out.
     pub fn query(&self, sql: &str, params: Vec<Val>) -> rusqlite::Result<Vec<Vec<Val>>> {
         let sql = sql.to_owned();
+        let held = self.take_held();
         self.call(move |w| {
-            let st = w.prepare(&sql)?;
+            let (st, held) = w.ready(held, &sql)?;
             let refs: Vec<&(dyn ToSql + Sync)> =
                 params.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
-            let rows = w.client.query(&st, &refs).map_err(|e| PgFailure::of(&e))?;
+            let rows = w
+                .session
+                .pipelined(&held, w.session.client.query(&st, &refs))?;
             rows.iter().map(decode_row).collect()
         })
         .map_err(wrap)
@@ -459,48 +675,81 @@ impl PgSession {
     /// Runs `sql` with `params`; the number of rows it changed.
     pub fn execute(&self, sql: &str, params: Vec<Val>) -> rusqlite::Result<usize> {
         let sql = sql.to_owned();
+        let held = self.take_held();
         self.call(move |w| {
-            let st = w.prepare(&sql)?;
+            let (st, held) = w.ready(held, &sql)?;
             let refs: Vec<&(dyn ToSql + Sync)> =
                 params.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
             let n = w
-                .client
-                .execute(&st, &refs)
-                .map_err(|e| PgFailure::of(&e))?;
+                .session
+                .pipelined(&held, w.session.client.execute(&st, &refs))?;
             Ok(usize::try_from(n).unwrap_or(usize::MAX))
         })
         .map_err(wrap)
     }
 
-    /// Runs statements without parameters (transaction control, schema).
+    /// Runs statements without parameters (transaction control, schema), after whatever
+    /// is held back, in one message.
     pub fn batch(&self, sql: &str) -> Result<(), StoreError> {
+        let held = self.take_held();
         let sql = sql.to_owned();
-        self.call(move |w| w.client.batch_execute(&sql).map_err(|e| PgFailure::of(&e)))
-            .map_err(PgFailure::into_store_error)
-    }
-
-    /// Opens the session anew if it was lost (between transactions only); no round trip to
-    /// the server otherwise.
-    pub fn reopen(&self) -> Result<(), StoreError> {
-        self.call(Worker::reopen)
-            .map_err(PgFailure::into_store_error)
+        self.call(move |w| {
+            if held.fresh {
+                w.reopen()?;
+            }
+            w.session.batch(&(held.text + &sql))
+        })
+        .map_err(PgFailure::into_store_error)
     }
 
     /// Begins a transaction with `sql`, first opening the session anew if it was lost
     /// (between transactions only: a transaction never spans two sessions).
     pub fn begin(&self, sql: &str) -> Result<(), StoreError> {
+        // Nothing held back belongs to a transaction that begins now.
+        let _ = self.take_held();
         let sql = sql.to_owned();
         self.call(move |w| {
             w.reopen()?;
+            w.session.held_failed.set(false);
             // `BEGIN; SELECT pg_advisory_xact_lock(…)` is one message: when the lock's wait
             // times out, the transaction is open and failed. End it, or every later call
             // of this session would fail.
-            w.client.batch_execute(&sql).map_err(|e| {
-                let _ = w.client.batch_execute("ROLLBACK");
-                PgFailure::of(&e)
+            w.session.batch(&sql).inspect_err(|_| {
+                let _ = w.session.batch("ROLLBACK");
             })
         })
         .map_err(PgFailure::into_store_error)
+    }
+
+    /// Commits with `sql` (after whatever is held back). When that fails (a held statement,
+    /// the `NOTIFY` of an aborted transaction), the transaction is rolled back, so that the
+    /// session is left outside any: a statement run on its own next would fail otherwise.
+    pub fn commit(&self, sql: &str) -> Result<(), StoreError> {
+        let held = self.take_held();
+        let sql = sql.to_owned();
+        self.call(move |w| {
+            w.session.batch(&(held.text + &sql)).inspect_err(|_| {
+                let _ = w.session.batch("ROLLBACK");
+            })
+        })
+        .map_err(PgFailure::into_store_error)
+    }
+
+    /// Rolls the open transaction back; what is held back is dropped (a held statement
+    /// sent first would stop the `ROLLBACK` when it fails).
+    pub fn rollback(&self) -> Result<(), StoreError> {
+        let _ = self.take_held();
+        self.call(|w| w.session.batch("ROLLBACK"))
+            .map_err(PgFailure::into_store_error)
+    }
+
+    /// Undoes a step with `sql` (`ROLLBACK TO SAVEPOINT …`), after whatever is held back;
+    /// refused once a held statement of this transaction failed (see `Session`).
+    pub fn undo(&self, sql: &str) -> Result<(), StoreError> {
+        let held = self.take_held();
+        let sql = sql.to_owned();
+        self.call(move |w| w.session.undo(&(held.text + &sql)))
+            .map_err(PgFailure::into_store_error)
     }
 
     /// The server process of this session now (`pg_backend_pid()`; it changes when the
@@ -543,7 +792,7 @@ pub fn listen<T: Send + Sync + 'static>(
                 if alive.strong_count() == 0 {
                     return;
                 }
-                let session = connect(&url).and_then(|mut c| {
+                let session = connect_sync(&url).and_then(|mut c| {
                     c.batch_execute(&format!("LISTEN {CHANNEL}"))
                         .map(|()| c)
                         .map_err(|e| PgFailure::of(&e))
@@ -579,26 +828,45 @@ pub fn listen<T: Send + Sync + 'static>(
 impl Worker {
     /// A new session in place of a lost one.
     fn reopen(&mut self) -> Result<(), PgFailure> {
-        if self.client.is_closed() {
-            self.client = connect(&self.url)?;
+        if self.session.client.is_closed() {
+            self.session = Session::open(&self.url)?;
             self.pid
-                .store(backend_pid(&mut self.client)?, Ordering::SeqCst);
+                .store(self.session.backend_pid()?, Ordering::SeqCst);
             self.statements.clear();
         }
         Ok(())
+    }
+
+    /// `sql` prepared, and what is held back still to send with it: a statement this
+    /// session has not prepared yet is prepared after what is held went out on its own.
+    fn ready(&mut self, held: Held, sql: &str) -> Result<(Statement, String), PgFailure> {
+        if held.fresh {
+            self.reopen()?;
+        }
+        if let Some(st) = self.statements.get(sql) {
+            return Ok((st.clone(), held.text));
+        }
+        if !held.text.is_empty() {
+            self.session.batch_held(&held.text)?;
+        }
+        Ok((self.prepare(sql)?, String::new()))
     }
 
     fn prepare(&mut self, sql: &str) -> Result<Statement, PgFailure> {
         if let Some(st) = self.statements.get(sql) {
             return Ok(st.clone());
         }
-        let st = self.client.prepare(&translate(sql)).map_err(|e| {
-            let mut f = PgFailure::of(&e);
-            if std::env::var_os("HANDOFFS_PG_DEBUG").is_some() {
-                f.message = format!("{} in: {sql}", f.message);
-            }
-            f
-        })?;
+        let st = self
+            .session
+            .rt
+            .block_on(self.session.client.prepare(&translate(sql)))
+            .map_err(|e| {
+                let mut f = PgFailure::of(&e);
+                if std::env::var_os("HANDOFFS_PG_DEBUG").is_some() {
+                    f.message = format!("{} in: {sql}", f.message);
+                }
+                f
+            })?;
         self.statements.insert(sql.to_owned(), st.clone());
         Ok(st)
     }
