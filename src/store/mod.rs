@@ -479,8 +479,10 @@ impl Store {
 
     /// [`Store::read`] for a body that runs exactly one statement: on PostgreSQL, outside a
     /// batch, it runs on its own without `BEGIN` and `COMMIT` (a single statement is a
-    /// consistent snapshot by itself), one round trip instead of three. A body of more
-    /// statements would read each from a snapshot of its own: use [`Store::read`].
+    /// consistent snapshot by itself), one round trip instead of two (a read's `BEGIN` goes
+    /// out with its first statement, its `COMMIT` on its own). A body of more statements
+    /// would read each from a snapshot of its own, and a write would commit outside the
+    /// writers' lock: use [`Store::read`] or [`Store::write`].
     pub fn read_one_statement<T, E>(
         &mut self,
         f: impl FnOnce(&Tx<'_>) -> Result<T, E>,
