@@ -149,6 +149,9 @@ pub struct Store {
     engine_lock: Option<std::fs::File>,
     /// Rows this transaction has read ([`memo`]): forgotten at every transaction boundary.
     memo: std::cell::RefCell<memo::Memo>,
+    /// Inside [`Store::read_one_statement`]: the statements its body has run so far (a debug
+    /// build checks that it runs one read at most).
+    single: std::cell::Cell<Option<u32>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -490,6 +493,17 @@ impl Store {
     where
         E: From<StoreError>,
     {
+        self.single.set(Some(0));
+        let out = self.read_alone(f);
+        self.single.set(None);
+        out
+    }
+
+    /// [`Store::read_one_statement`]'s body run as it may be.
+    fn read_alone<T, E>(&mut self, f: impl FnOnce(&Tx<'_>) -> Result<T, E>) -> Result<T, E>
+    where
+        E: From<StoreError>,
+    {
         let Db::Pg { session, open, .. } = &self.db else {
             return self.read(f);
         };
@@ -516,6 +530,7 @@ impl Store {
             tx: TxConn {
                 conn: self.conn(),
                 memo: &self.memo,
+                single: &self.single,
             },
         }
     }
@@ -949,6 +964,7 @@ impl Store {
             batch: Batch::default(),
             engine_lock: None,
             memo: std::cell::RefCell::default(),
+            single: std::cell::Cell::new(None),
         }
     }
 
@@ -1316,10 +1332,24 @@ pub struct Tx<'a> {
 struct TxConn<'a> {
     conn: Conn<'a>,
     memo: &'a std::cell::RefCell<memo::Memo>,
+    single: &'a std::cell::Cell<Option<u32>>,
 }
 
 impl<'a> TxConn<'a> {
     fn prepare_cached(&self, sql: &str) -> rusqlite::Result<sql::Stmt<'a>> {
+        if let Some(ran) = self.single.get() {
+            let read = ["SELECT ", "WITH "]
+                .iter()
+                .any(|p| sql.trim_start().starts_with(p))
+                && !["UPDATE ", "INSERT ", "DELETE "]
+                    .iter()
+                    .any(|w| sql.contains(w));
+            debug_assert!(
+                ran == 0 && read,
+                "read_one_statement's body ran more than one statement, or a write: {sql}"
+            );
+            self.single.set(Some(ran + 1));
+        }
         if memo::forgets(sql) {
             self.memo.borrow_mut().clear();
         }
@@ -1465,6 +1495,35 @@ mod tests {
         tx_sees(&mut store, Some(&one));
         store.batch_steps(false).unwrap();
         tx_sees(&mut store, Some(&serde_json::json!(3)));
+    }
+
+    /// `read_one_statement` takes one read: a debug build (every test) stops a body that
+    /// runs two statements, or a write.
+    #[test]
+    #[cfg(debug_assertions)]
+    fn read_one_statement_is_held_to_one_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut store, _) = super::Store::init(&dir.path().join("h.db")).unwrap();
+        let one: Option<serde_json::Value> = store.read_one_statement(|tx| tx.config("a")).unwrap();
+        assert_eq!(one, None);
+        for (what, two) in [("two reads", false), ("a write", true)] {
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let _: Result<(), super::StoreError> = store.read_one_statement(|tx| {
+                    if two {
+                        tx.set_config("a", &serde_json::json!(1))
+                    } else {
+                        tx.config("a")?;
+                        tx.config("b").map(|_| ())
+                    }
+                });
+            }));
+            let said = ran.expect_err(what);
+            let said = said.downcast_ref::<String>().cloned().unwrap_or_default();
+            assert!(
+                said.contains("read_one_statement's body ran more than one statement, or a write"),
+                "{what}: {said}"
+            );
+        }
     }
 
     /// What a read transaction of `store` finds under the key `k`, checked.
