@@ -486,6 +486,14 @@ impl Session {
             .map_err(|e| self.failure(&e))
     }
 
+    /// Runs `sql`; when it fails, rolls back whatever transaction it left open and failed,
+    /// so the session is left outside any.
+    fn batch_or_rollback(&self, sql: &str) -> Result<(), PgFailure> {
+        self.batch(sql).inspect_err(|_| {
+            let _ = self.batch("ROLLBACK");
+        })
+    }
+
     /// A step's undo (`ROLLBACK TO SAVEPOINT`), refused after a held statement failed.
     fn undo(&self, sql: &str) -> Result<(), PgFailure> {
         if self.held_failed.get() {
@@ -543,8 +551,7 @@ impl std::fmt::Debug for PgSession {
 }
 
 impl PgSession {
-    /// Connects to `url` (a `postgres://` URL; no TLS: reach a remote server through a
-    /// local socket, a private network or a tunnel).
+    /// Connects to `url` (a `postgres://` URL; TLS with `sslmode=require`, see `settings`).
     pub fn connect(url: &str) -> Result<PgSession, StoreError> {
         let (jobs, inbox) = mpsc::channel::<Job>();
         let (ready, started) = mpsc::channel::<Result<(), PgFailure>>();
@@ -714,9 +721,7 @@ impl PgSession {
             // `BEGIN; SELECT pg_advisory_xact_lock(…)` is one message: when the lock's wait
             // times out, the transaction is open and failed. End it, or every later call
             // of this session would fail.
-            w.session.batch(&sql).inspect_err(|_| {
-                let _ = w.session.batch("ROLLBACK");
-            })
+            w.session.batch_or_rollback(&sql)
         })
         .map_err(PgFailure::into_store_error)
     }
@@ -727,12 +732,8 @@ impl PgSession {
     pub fn commit(&self, sql: &str) -> Result<(), StoreError> {
         let held = self.take_held();
         let sql = sql.to_owned();
-        self.call(move |w| {
-            w.session.batch(&(held.text + &sql)).inspect_err(|_| {
-                let _ = w.session.batch("ROLLBACK");
-            })
-        })
-        .map_err(PgFailure::into_store_error)
+        self.call(move |w| w.session.batch_or_rollback(&(held.text + &sql)))
+            .map_err(PgFailure::into_store_error)
     }
 
     /// Rolls the open transaction back; what is held back is dropped (a held statement
