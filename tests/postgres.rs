@@ -486,6 +486,93 @@ fn sslmode_require_encrypts_every_session_and_checks_the_servers_certificate() {
     );
 }
 
+/// A role that logs in by certificate only (pg_hba's `cert` method, as .ci/run sets up for
+/// `handoffs_cert`): with `sslcert`/`sslkey` in the URL an engine and a sender work on the
+/// shared database, and the server saw that certificate on every session of theirs; without
+/// it the server turns them away and the error says so; a key others may read is refused by
+/// name before any connection.
+#[test]
+fn a_client_certificate_logs_in_a_role_that_takes_nothing_else() {
+    let Some(admin) = common::postgres_or_skip("client certificates") else {
+        return;
+    };
+    let files = ["CA", "CLIENT_CERT", "CLIENT_KEY"]
+        .map(|what| std::env::var(format!("HANDOFFS_TEST_POSTGRES_{what}")).ok());
+    let [Some(ca), Some(cert), Some(key)] = files else {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "the test server takes no client certificate (CI=true): set HANDOFFS_TEST_POSTGRES_CA, _CLIENT_CERT and _CLIENT_KEY, and let the role handoffs_cert log in by `cert` only, as .ci/run does"
+        );
+        eprintln!("skipped: no HANDOFFS_TEST_POSTGRES_CLIENT_CERT/_KEY (a client certificate)");
+        return;
+    };
+    common::sql_rows(
+        std::path::Path::new(&admin),
+        "DO $$ BEGIN CREATE ROLE handoffs_cert LOGIN SUPERUSER; \
+         EXCEPTION WHEN duplicate_object THEN NULL; END $$",
+    );
+    let w = team(&admin);
+    let mut url = url::Url::parse(&w.db.to_string_lossy()).unwrap();
+    url.set_username("handoffs_cert").unwrap();
+    let base = format!("{url}?sslmode=require&sslrootcert={ca}");
+    let with_cert = format!("{base}&sslcert={cert}&sslkey={key}");
+    let as_cert =
+        |db: &str, args: &[&str]| w.cmd().env("HANDOFFS_DB", db).args(args).output().unwrap();
+
+    let bare = as_cert(&base, &["agent", "list"]);
+    let said = String::from_utf8_lossy(&bare.stderr).into_owned();
+    assert_eq!(bare.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("certificate"),
+        "the refusal names the missing certificate: {said}"
+    );
+    assert_eq!(said.trim().lines().count(), 1, "one line: {said}");
+
+    let open_key = w.dir.path().join("open.key");
+    std::fs::copy(&key, &open_key).unwrap();
+    std::fs::set_permissions(
+        &open_key,
+        <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o644),
+    )
+    .unwrap();
+    let open = as_cert(
+        &format!("{base}&sslcert={cert}&sslkey={}", open_key.display()),
+        &["agent", "list"],
+    );
+    let said = String::from_utf8_lossy(&open.stderr).into_owned();
+    assert_eq!(open.status.code(), Some(1), "{said}");
+    assert!(said.contains("may read it"), "{said}");
+
+    let _a = process_with(&w, "a.log", &RUN, &[("HANDOFFS_DB", &with_cert)]);
+    let sent = as_cert(
+        &with_cert,
+        &["send", "lead", "dev", "by certificate", "--json"],
+    );
+    assert!(sent.status.success(), "{sent:?}");
+    let id = serde_json::from_slice::<serde_json::Value>(&sent.stdout).unwrap()["message"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    wait_until(&w, Duration::from_secs(20), "the handoff delivered", || {
+        returned(&w, &id)
+    });
+    let dns = common::sql_rows(
+        &w.db,
+        "SELECT coalesce(s.client_dn, '(none)') FROM pg_stat_ssl s \
+         JOIN pg_stat_activity a ON a.pid = s.pid \
+         WHERE a.datname = current_database() AND a.usename = 'handoffs_cert'",
+    );
+    assert!(
+        !dns.is_empty(),
+        "the engine holds sessions as handoffs_cert: {}",
+        log_of(&w, "a.log")
+    );
+    assert!(
+        dns.iter().all(|dn| dn == "/CN=handoffs_cert"),
+        "every session of the engine showed the certificate: {dns:?}"
+    );
+}
+
 /// A `tick` on a shared database renews the leases of the recipients it serves while its
 /// jobs last, as `run` does: its write waits 3 s on a slow recipient, three times the 1 s
 /// lease, and all that while the lease stays the tick's, its expiry ahead of the clock (so

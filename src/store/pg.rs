@@ -51,15 +51,29 @@ pub fn check_url(db: &std::path::Path) -> Result<(), String> {
     })
 }
 
-/// What a URL asks of a session: the driver's settings, and the file of certificates
-/// (`sslrootcert`) a TLS session trusts instead of the system's. The driver knows `sslmode`
-/// `disable`, `prefer` and `require` only, and no `sslrootcert`: both are taken out of the
-/// query here, every other parameter kept byte for byte (the driver decodes `%XX` itself),
-/// and since every TLS session of ours checks the server's certificate, `verify-ca` and
-/// `verify-full` are `require`. With no `sslmode` a session is not encrypted, as before TLS
-/// was supported (a server with a certificate nobody trusts, Debian's default, stays
-/// reachable): add `sslmode=require` for TLS.
-fn settings(url: &str) -> Result<(tokio_postgres::Config, Option<std::path::PathBuf>), String> {
+/// The files a TLS session reads, named by libpq's parameters: the certificates it trusts
+/// instead of the system's (`sslrootcert`), and the client certificate (`sslcert`, a PEM chain)
+/// with its private key (`sslkey`, PEM, unencrypted) it proves its user with, for a server
+/// whose `pg_hba.conf` says `cert` (or `clientcert=verify-full`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct TlsFiles {
+    root: Option<std::path::PathBuf>,
+    cert: Option<std::path::PathBuf>,
+    key: Option<std::path::PathBuf>,
+}
+
+/// What a URL asks of a session: the driver's settings, and the files its TLS reads
+/// ([`TlsFiles`]). The driver knows `sslmode` `disable`, `prefer` and `require` only, and none
+/// of `sslrootcert`, `sslcert`, `sslkey`: they are taken out of the query here, every other
+/// parameter kept byte for byte (the driver decodes `%XX` itself), and since every TLS session
+/// of ours checks the server's certificate, `verify-ca` and `verify-full` are `require`. With no
+/// `sslmode` a session is not encrypted, as before TLS was supported (a server with a
+/// certificate nobody trusts, Debian's default, stays reachable): add `sslmode=require` for
+/// TLS. A client certificate comes with its key, and only over TLS: `sslcert` without
+/// `sslkey` (or the reverse), or either without an `sslmode` that encrypts, is refused here
+/// rather than left for the server to turn away with a less telling message. libpq's default
+/// files (`~/.postgresql/postgresql.crt`) are not read: a certificate is named or not used.
+fn settings(url: &str) -> Result<(tokio_postgres::Config, TlsFiles), String> {
     let decoded = |raw: &str| {
         percent_encoding::percent_decode_str(raw)
             .decode_utf8()
@@ -67,12 +81,14 @@ fn settings(url: &str) -> Result<(tokio_postgres::Config, Option<std::path::Path
             .map_err(|e| format!("{raw}: {e}"))
     };
     let (base, query) = url.split_once('?').unwrap_or((url, ""));
-    let (mut root, mut mode) = (None, None);
+    let (mut files, mut mode) = (TlsFiles::default(), None);
     let mut kept = Vec::new();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         match decoded(key)?.as_str() {
-            "sslrootcert" => root = Some(std::path::PathBuf::from(decoded(value)?)),
+            "sslrootcert" => files.root = Some(std::path::PathBuf::from(decoded(value)?)),
+            "sslcert" => files.cert = Some(std::path::PathBuf::from(decoded(value)?)),
+            "sslkey" => files.key = Some(std::path::PathBuf::from(decoded(value)?)),
             "sslmode" => mode = Some(decoded(value)?),
             _ => kept.push(pair),
         }
@@ -105,17 +121,31 @@ fn settings(url: &str) -> Result<(tokio_postgres::Config, Option<std::path::Path
     if sockets_only {
         config.ssl_mode(postgres::config::SslMode::Disable);
     }
-    Ok((config, root))
+    match (&files.cert, &files.key) {
+        (Some(_), None) => return Err("sslcert needs sslkey, the file of its private key".into()),
+        (None, Some(_)) => return Err("sslkey needs sslcert, the file of its certificate".into()),
+        (Some(_), Some(_))
+            if !matches!(
+                mode.as_deref(),
+                Some("require" | "verify-ca" | "verify-full")
+            ) =>
+        {
+            return Err(
+                "sslcert and sslkey need sslmode=require (or verify-ca, verify-full): a client certificate is only shown over TLS".into(),
+            );
+        }
+        _ => {}
+    }
+    Ok((config, files))
 }
 
 /// The TLS side of a session: rustls with the aws-lc-rs provider serve's HTTPS uses, trusting
-/// the certificates of `root` (`sslrootcert`) alone when given, as libpq does, else the
-/// system's roots.
-fn tls(
-    root: Option<&std::path::Path>,
-) -> Result<tokio_postgres_rustls::MakeRustlsConnect, PgFailure> {
+/// the certificates of `files.root` (`sslrootcert`) alone when given, as libpq does, else the
+/// system's roots; showing the client certificate of `files` when it names one.
+fn tls(files: &TlsFiles) -> Result<tokio_postgres_rustls::MakeRustlsConnect, PgFailure> {
     use tokio_rustls::rustls;
     use tokio_rustls::rustls::pki_types::{CertificateDer, pem::PemObject};
+    let root = files.root.as_deref();
     let failure = |detail: String| PgFailure {
         code: None,
         closed: false,
@@ -149,12 +179,76 @@ fn tls(
         );
     }
     let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| failure(e.to_string()))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+        .with_root_certificates(roots);
+    let config = match (&files.cert, &files.key) {
+        (Some(cert), Some(key)) => {
+            let (chain, key_der) = client_identity(cert, key).map_err(failure)?;
+            let signer = provider
+                .key_provider
+                .load_private_key(key_der)
+                .map_err(|e| failure(format!("sslkey {}: {e}", key.display())))?;
+            let certified = rustls::sign::CertifiedKey::new(chain, signer);
+            // rustls's own `with_client_auth_cert` refuses a certificate webpki cannot read,
+            // an X.509 v1 one (`openssl x509 -req` without extensions makes them) among
+            // them; libpq shows it, and the server is the one to judge it. A key that is
+            // not the certificate's is refused here, by name.
+            if let Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch)) =
+                certified.keys_match()
+            {
+                return Err(failure(format!(
+                    "sslkey {} is not the private key of the certificate in sslcert {}",
+                    key.display(),
+                    cert.display()
+                )));
+            }
+            builder.with_client_cert_resolver(std::sync::Arc::new(
+                rustls::sign::SingleCertAndKey::from(certified),
+            ))
+        }
+        _ => builder.with_no_client_auth(),
+    };
     Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
+}
+
+/// The client certificate chain in `cert` and its private key in `key` (both PEM). Like
+/// libpq, a key file that its owner lets the group or others read is refused: whoever reads
+/// it can log in as the certificate's user.
+fn client_identity(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> Result<
+    (
+        Vec<tokio_rustls::rustls::pki_types::CertificateDer<'static>>,
+        tokio_rustls::rustls::pki_types::PrivateKeyDer<'static>,
+    ),
+    String,
+> {
+    use std::os::unix::fs::MetadataExt;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .and_then(Iterator::collect)
+        .map_err(|e| format!("sslcert {}: {e}", cert.display()))?;
+    if chain.is_empty() {
+        return Err(format!("sslcert {}: no certificate in it", cert.display()));
+    }
+    let meta = std::fs::metadata(key).map_err(|e| format!("sslkey {}: {e}", key.display()))?;
+    if meta.mode() & 0o077 != 0 && meta.uid() == nix::unistd::geteuid().as_raw() {
+        return Err(format!(
+            "sslkey {}: its group or others may read it (mode {:o}); make it 0600 (chmod 600)",
+            key.display(),
+            meta.mode() & 0o777
+        ));
+    }
+    let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+        format!(
+            "sslkey {}: {e} (an unencrypted PEM private key)",
+            key.display()
+        )
+    })?;
+    Ok((chain, key_der))
 }
 
 /// `url` without its secrets, for messages and file names: the password (in the user part
@@ -331,8 +425,8 @@ pub const IDLE_IN_TRANSACTION_MS: u64 = 10_000;
 /// take: a connect gives up after 10 s, and a session whose peer stopped answering is
 /// declared dead within about half a minute (TCP keepalive and user timeout) instead of the
 /// kernel's quarter of an hour, unless the URL says otherwise; and the roots its TLS trusts.
-fn config(url: &str) -> Result<(tokio_postgres::Config, Option<std::path::PathBuf>), PgFailure> {
-    let (mut config, root) = settings(url).map_err(|message| PgFailure {
+fn config(url: &str) -> Result<(tokio_postgres::Config, TlsFiles), PgFailure> {
+    let (mut config, files) = settings(url).map_err(|message| PgFailure {
         code: None,
         closed: false,
         message,
@@ -349,7 +443,7 @@ fn config(url: &str) -> Result<(tokio_postgres::Config, Option<std::path::PathBu
             .keepalives_interval(Duration::from_secs(5))
             .keepalives_retries(3);
     }
-    Ok((config, root))
+    Ok((config, files))
 }
 
 /// What every session sets first. A session idle inside a transaction for
@@ -370,12 +464,12 @@ fn session_settings() -> String {
 /// A session through the synchronous client (the listener's: it reads notifications while
 /// it waits on the socket).
 fn connect_sync(url: &str) -> Result<postgres::Client, PgFailure> {
-    let (config, root) = config(url)?;
+    let (config, files) = config(url)?;
     let config = postgres::Config::from(config);
     let mut client = if config.get_ssl_mode() == postgres::config::SslMode::Disable {
         config.connect(NoTls)
     } else {
-        config.connect(tls(root.as_deref())?)
+        config.connect(tls(&files)?)
     }
     .map_err(|e| PgFailure::of(&e))?;
     client
@@ -405,7 +499,7 @@ struct Session {
 
 impl Session {
     fn open(url: &str) -> Result<Session, PgFailure> {
-        let (config, root) = config(url)?;
+        let (config, files) = config(url)?;
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -433,7 +527,7 @@ impl Session {
                 (client, rt.spawn(async move { keep(connection.await) }))
             } else {
                 let (client, connection) = rt
-                    .block_on(config.connect(tls(root.as_deref())?))
+                    .block_on(config.connect(tls(&files)?))
                     .map_err(|e| PgFailure::of(&e))?;
                 (client, rt.spawn(async move { keep(connection.await) }))
             };
@@ -1025,16 +1119,16 @@ mod tests {
 
     #[test]
     fn a_url_asks_for_tls_by_sslmode_and_names_its_own_roots() {
-        let (c, root) = settings("postgres://u:p@db:5433/team").unwrap();
+        let (c, files) = settings("postgres://u:p@db:5433/team").unwrap();
         assert_eq!(c.get_ssl_mode(), SslMode::Disable, "in clear unless asked");
-        assert_eq!((c.get_ports(), root), (&[5433][..], None));
-        let (c, root) = settings(
+        assert_eq!((c.get_ports(), files), (&[5433][..], TlsFiles::default()));
+        let (c, files) = settings(
             "postgres://u@db/team?connect_timeout=3&sslmode=verify-full&sslrootcert=/etc/ca.pem",
         )
         .unwrap();
         assert_eq!(c.get_ssl_mode(), SslMode::Require);
         assert_eq!(c.get_connect_timeout(), Some(&Duration::from_secs(3)));
-        assert_eq!(root, Some(std::path::PathBuf::from("/etc/ca.pem")));
+        assert_eq!(files.root, Some(std::path::PathBuf::from("/etc/ca.pem")));
         assert_eq!(
             settings("postgres://db/t?sslmode=prefer")
                 .unwrap()
@@ -1056,12 +1150,12 @@ mod tests {
         assert_eq!(c.get_options(), Some("-c search_path=x"));
         assert_eq!(c.get_password(), Some(&b"a b"[..]));
         // Several hosts (no URL parser takes them) keep their sslmode.
-        let (c, root) =
+        let (c, files) =
             settings("postgres://u@db1:5432,db2:5433/t?sslmode=require&sslrootcert=%2Fca.pem")
                 .unwrap();
         assert_eq!(c.get_ssl_mode(), SslMode::Require);
         assert_eq!(c.get_hosts().len(), 2);
-        assert_eq!(root, Some(std::path::PathBuf::from("/ca.pem")));
+        assert_eq!(files.root, Some(std::path::PathBuf::from("/ca.pem")));
         // A local socket carries no TLS.
         let (c, _) = settings("postgres://u@%2Frun%2Fpostgresql/t?sslmode=require").unwrap();
         assert_eq!(c.get_ssl_mode(), SslMode::Disable);
@@ -1069,6 +1163,98 @@ mod tests {
             identity("postgres://u@db:5433/team?sslmode=require&sslrootcert=/ca.pem"),
             "u@db:5433/team"
         );
+    }
+
+    #[test]
+    fn a_client_certificate_comes_with_its_key_and_only_over_tls() {
+        let (c, files) = settings(
+            "postgres://u@db/t?sslmode=verify-full&sslcert=%2Fc%2Fme.crt&sslkey=/c/me.key&sslrootcert=/c/ca.crt",
+        )
+        .unwrap();
+        assert_eq!(c.get_ssl_mode(), SslMode::Require);
+        assert_eq!(
+            files,
+            TlsFiles {
+                root: Some("/c/ca.crt".into()),
+                cert: Some("/c/me.crt".into()),
+                key: Some("/c/me.key".into()),
+            }
+        );
+        let refused = |url: &str| settings(url).unwrap_err();
+        assert!(
+            refused("postgres://db/t?sslmode=require&sslcert=/a").contains("sslcert needs sslkey")
+        );
+        assert!(
+            refused("postgres://db/t?sslmode=require&sslkey=/a").contains("sslkey needs sslcert")
+        );
+        for mode in ["", "&sslmode=disable", "&sslmode=prefer"] {
+            assert!(
+                refused(&format!("postgres://db/t?sslcert=/a&sslkey=/b{mode}"))
+                    .contains("only shown over TLS"),
+                "{mode}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_client_key_others_may_read_is_refused_by_name() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = (dir.path().join("me.crt"), dir.path().join("me.key"));
+        let made = rcgen::generate_simple_self_signed(vec!["handoffs".into()]).unwrap();
+        std::fs::write(&cert, made.cert.pem()).unwrap();
+        std::fs::write(&key, made.signing_key.serialize_pem()).unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let said = client_identity(&cert, &key).unwrap_err();
+        assert!(
+            said.contains("its group or others may read it (mode 644)"),
+            "{said}"
+        );
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let (chain, _) = client_identity(&cert, &key).unwrap();
+        assert_eq!(chain.len(), 1);
+        std::fs::write(&cert, "not a certificate").unwrap();
+        assert!(
+            client_identity(&cert, &key)
+                .unwrap_err()
+                .contains("no certificate in it")
+        );
+        std::fs::write(&cert, made.cert.pem()).unwrap();
+        std::fs::write(&key, "not a key").unwrap();
+        let said = client_identity(&cert, &key).unwrap_err();
+        assert!(
+            said.starts_with(&format!("sslkey {}", key.display())),
+            "{said}"
+        );
+    }
+
+    /// A key that is not the certificate's is refused by name before any connection, and a
+    /// matching pair makes a TLS configuration that shows it.
+    #[test]
+    fn a_client_key_that_is_not_the_certificates_is_refused_by_name() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = (dir.path().join("me.crt"), dir.path().join("me.key"));
+        let made = rcgen::generate_simple_self_signed(vec!["handoffs".into()]).unwrap();
+        let other = rcgen::KeyPair::generate().unwrap();
+        std::fs::write(&cert, made.cert.pem()).unwrap();
+        std::fs::write(&key, other.serialize_pem()).unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let files = TlsFiles {
+            root: None,
+            cert: Some(cert.clone()),
+            key: Some(key.clone()),
+        };
+        let said = tls(&files)
+            .err()
+            .expect("a key of another certificate")
+            .to_string();
+        assert!(
+            said.contains("is not the private key of the certificate in sslcert"),
+            "{said}"
+        );
+        std::fs::write(&key, made.signing_key.serialize_pem()).unwrap();
+        assert!(tls(&files).is_ok());
     }
 
     #[test]
