@@ -110,6 +110,13 @@ struct Ctx {
     /// Called right before the check of the lease that precedes each write, with the write's
     /// request id (the simulation stalls the whole engine there).
     before_write: Option<BeforeWrite>,
+    /// The turn to sync before a write: one `fdatasync` at a time runs on the blocking pool
+    /// while the engine's other jobs go on; the jobs that wait for it find their commits
+    /// covered by it or start the next ([`durable`]).
+    sync_turn: tokio::sync::Mutex<()>,
+    /// Whether [`durable`] syncs on the blocking pool (`run`, `serve`, `tick`) rather than
+    /// in line (the simulation, whose world has no threads of its own).
+    sync_off_thread: std::cell::Cell<bool>,
 }
 
 /// What [`Engine::with_pause_before_write`] calls.
@@ -125,8 +132,11 @@ impl std::fmt::Debug for BeforeWrite {
 /// Makes the commits of this engine's connection up to now durable before an effect acts on
 /// them. It first lets every other job run up to its next wait: jobs whose reservations are
 /// ready at the same moment commit them, and the first to come back syncs them all in one
-/// `fdatasync` (group commit); the others find their commits already covered. A lone write
-/// waits one turn of the engine's task, no more.
+/// `fdatasync` (group commit). That sync runs on the blocking pool, one at a time (the
+/// engine's sync turn), so the engine's thread goes on with the other jobs' steps meanwhile;
+/// a job that waited for the turn finds its commits covered by the sync before it, or starts
+/// the next, which covers every commit made while the last one ran. A lone write waits one
+/// turn of the engine's task and its own sync, no more.
 ///
 /// A sync that fails is never tried again: after an `fdatasync` error the kernel may have
 /// dropped the dirty pages and a second call may succeed having written nothing, so no later
@@ -137,8 +147,31 @@ async fn durable(ctx: &Ctx, svc: &RefCell<Service>) -> Result<(), ServiceError> 
     }
     let mark = svc.borrow().changes_so_far();
     tokio::task::yield_now().await;
-    let synced = sync_or_stop(ctx, svc, mark)?;
-    tracing::debug!(synced, "durable before the write");
+    if !ctx.sync_off_thread.get() {
+        let synced = sync_or_stop(ctx, svc, mark)?;
+        tracing::debug!(synced, "durable before the write");
+        return Ok(());
+    }
+    let _turn = ctx.sync_turn.lock().await;
+    if let Some(e) = ctx.sync_failed.borrow().as_ref() {
+        return Err(ServiceError::Refused(e.clone()));
+    }
+    // Commits what is batched first (a sync covers only what is committed); `None` when the
+    // sync before this one covered `mark` already.
+    let sync = svc
+        .borrow_mut()
+        .sync_elsewhere(mark)
+        .map_err(|e| sync_failure(ctx, &e))?;
+    let Some(sync) = sync else {
+        tracing::debug!(synced = false, "durable before the write");
+        return Ok(());
+    };
+    match tokio::task::spawn_blocking(sync).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(sync_failure(ctx, &e)),
+        Err(e) => return Err(sync_failure(ctx, &e)),
+    }
+    tracing::debug!(synced = true, "durable before the write");
     Ok(())
 }
 
@@ -339,6 +372,8 @@ impl Engine {
                 sync_failed: RefCell::new(None),
                 postgres,
                 before_write: None,
+                sync_turn: tokio::sync::Mutex::new(()),
+                sync_off_thread: std::cell::Cell::new(true),
             }),
             watch_every: WATCH_INTERVAL,
             files: true,
@@ -459,6 +494,8 @@ impl Engine {
             sync_failed: RefCell::new(None),
             postgres: self.ctx.postgres,
             before_write: Some(hook),
+            sync_turn: tokio::sync::Mutex::new(()),
+            sync_off_thread: std::cell::Cell::new(self.ctx.sync_off_thread.get()),
         });
         self
     }
@@ -474,6 +511,8 @@ impl Engine {
             sync_failed: RefCell::new(None),
             postgres: self.ctx.postgres,
             before_write: self.ctx.before_write.clone(),
+            sync_turn: tokio::sync::Mutex::new(()),
+            sync_off_thread: std::cell::Cell::new(self.ctx.sync_off_thread.get()),
         });
         self
     }
@@ -485,6 +524,7 @@ impl Engine {
     pub fn with_watch_interval(mut self, every: Duration) -> Engine {
         self.watch_every = every;
         self.files = false;
+        self.ctx.sync_off_thread.set(false);
         self
     }
 
@@ -500,6 +540,8 @@ impl Engine {
             sync_failed: RefCell::new(None),
             postgres: self.ctx.postgres,
             before_write: self.ctx.before_write.clone(),
+            sync_turn: tokio::sync::Mutex::new(()),
+            sync_off_thread: std::cell::Cell::new(self.ctx.sync_off_thread.get()),
         });
         self
     }
