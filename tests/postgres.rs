@@ -1493,6 +1493,153 @@ fn each_machine_runs_its_own_agents_commands() {
     }
 }
 
+/// Issue 17's "Done when" without Docker, as DEPLOY.md's "Two machines" tells it: each
+/// machine its own working folder, state folder and host name, its own `init` (the second
+/// finds the database there and makes only its own token) and its own engine; one agent
+/// registered on each. The lead's work reaches planner on machine 1; planner's turn hands
+/// work on to builder from inside itself (a child in the lead's chain); builder's turn, on
+/// machine 2 in machine 2's folder, returns it; the return comes back to planner on
+/// machine 1 as a new turn, which closes it accepted. Each turn runs once, on its machine.
+#[test]
+fn two_machines_agents_hand_work_to_each_other_through_one_database() {
+    let Some(admin) = common::postgres_or_skip("two machines' agents") else {
+        return;
+    };
+    let w = World::on_postgres(&admin);
+    w.ok(&["agent", "add", "lead", "--provider", "demo"]);
+    let bin = env!("CARGO_BIN_EXE_handoffs");
+    let turns = w.dir.path().join("turns.log");
+    let machines: Vec<(String, std::path::PathBuf, std::path::PathBuf)> = (1..=2)
+        .map(|n| {
+            let folder = w.dir.path().join(format!("machine-{n}"));
+            let state = folder.join("state");
+            std::fs::create_dir_all(&state).unwrap();
+            (format!("machine-{n}"), folder, state)
+        })
+        .collect();
+    let on = |(host, folder, state): &(String, std::path::PathBuf, std::path::PathBuf),
+              args: &[&str]| {
+        let out = w
+            .cmd()
+            .current_dir(folder)
+            .env("HANDOFFS_HOST", host)
+            .env("HANDOFFS_STATE_DIR", state)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?} on {host}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // Each turn notes where it ran, then acts on its card as an agent would.
+    let script = |name: &str, act: &str| {
+        let path = w.dir.path().join(name);
+        std::fs::write(
+            &path,
+            format!(
+                "#!/bin/sh\necho \"$HANDOFFS_AGENT $HANDOFFS_HOST $(pwd) $(head -1 \"$1\")\" >> {}\n{act}\n",
+                turns.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(
+            &path,
+            <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o755),
+        )
+        .unwrap();
+        format!("command=[\"{}\",\"{{text_file}}\"]", path.display())
+    };
+    let planner = script(
+        "planner.sh",
+        &format!(
+            "if grep -q '^Work from lead' \"$1\"; then\n  {bin} send planner builder 'Write the parser' --title 'Parser' || exit 1\n\
+             else\n  id=$(sed -n 's/.*close_work id=\\([0-9a-f]*\\)).*/\\1/p' \"$1\")\n  {bin} close \"$id\" accepted || exit 1\nfi"
+        ),
+    );
+    let builder = script(
+        "builder.sh",
+        &format!(
+            "id=$(sed -n 's/.*return_work id=\\([0-9a-f]*\\)).*/\\1/p' \"$1\")\n{bin} return \"$id\" --summary 'parser written' || exit 1"
+        ),
+    );
+    let first = on(&machines[0], &["init"]);
+    let second = on(&machines[1], &["init"]);
+    assert!(first.contains("is ready (a new token in"), "{first}");
+    assert!(second.contains("is ready (a new token in"), "{second}");
+    for ((agent, command), machine) in [("planner", &planner), ("builder", &builder)]
+        .into_iter()
+        .zip(&machines)
+    {
+        let cwd = machine.1.to_str().unwrap();
+        on(
+            machine,
+            &[
+                "agent",
+                "add",
+                agent,
+                "--provider",
+                "command",
+                "--cwd",
+                cwd,
+                "--set",
+                command,
+            ],
+        );
+    }
+    let _engines: Vec<common::Engine> = machines
+        .iter()
+        .map(|(host, folder, state)| {
+            let log = std::fs::File::create(w.dir.path().join(format!("{host}.log"))).unwrap();
+            let mut cmd = w.cmd();
+            cmd.current_dir(folder)
+                .env("HANDOFFS_HOST", host)
+                .env("HANDOFFS_STATE_DIR", state)
+                .env("HANDOFFS_LOG", "info")
+                .args(RUN)
+                .stdout(Stdio::null())
+                .stderr(log);
+            common::Engine(cmd.spawn().expect("spawn engine"))
+        })
+        .collect();
+    let work = w.json(&[
+        "send",
+        "lead",
+        "planner",
+        "Plan the parser",
+        "--title",
+        "Plan",
+    ]);
+    let work = work["message"]["id"].as_str().unwrap().to_owned();
+    let closed = || {
+        common::sql_rows(
+            &w.db,
+            "SELECT count(*) FROM work WHERE state = 'closed' AND title = 'Parser'",
+        ) == ["1"]
+    };
+    wait_until(
+        &w,
+        Duration::from_secs(30),
+        "planner closed builder's work",
+        closed,
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let lines = std::fs::read_to_string(&turns).unwrap();
+    let (m1, m2) = (machines[0].1.display(), machines[1].1.display());
+    let want = [
+        format!("planner machine-1 {m1} Work from lead: Plan"),
+        format!("builder machine-2 {m2} Work from planner: Parser"),
+        format!("planner machine-1 {m1} returned: Parser from builder"),
+    ];
+    assert_eq!(
+        lines.lines().collect::<Vec<_>>(),
+        want,
+        "each turn once, on its machine, in its folder:\n{lines}{}{}",
+        log_of(&w, "machine-1.log"),
+        log_of(&w, "machine-2.log")
+    );
+    let child = w.json(&["status", &work]);
+    assert_eq!(child["state"], "RETURNED", "{child}");
+}
+
 /// `demo` on a PostgreSQL database plays its team there, beside another machine's engine
 /// (compose.yaml's `team`), and keeps it when stopped.
 #[test]

@@ -387,7 +387,7 @@ impl Service {
 
     /// The service over the database at `path`, created (mode 0600) when missing; says
     /// whether it was created.
-    pub fn init(path: &std::path::Path) -> Result<(Service, bool), StoreError> {
+    pub fn init(path: &std::path::Path) -> Result<(Service, crate::store::Created), StoreError> {
         let (store, created) = Store::init(path)?;
         Ok((Service::new(store), created))
     }

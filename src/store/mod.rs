@@ -327,10 +327,19 @@ fn sync_every_commit() -> bool {
     std::env::var("HANDOFFS_SYNC").is_ok_and(|v| v.eq_ignore_ascii_case("full"))
 }
 
+/// What [`Store::init`] made: the database (a new file, or the schema on an empty
+/// PostgreSQL database) and this user's token file for it (on PostgreSQL one per machine and
+/// user, so a second machine's `init` makes a token for a database that was there).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Created {
+    pub database: bool,
+    pub token: bool,
+}
+
 impl Store {
     /// Creates the database (and its folder, 0700) if missing, migrates it, and writes the
-    /// token file (0600) if missing. Idempotent. Returns whether anything was created.
-    pub fn init(path: &Path) -> Result<(Store, bool)> {
+    /// token file (0600) if missing. Idempotent. Returns what was created.
+    pub fn init(path: &Path) -> Result<(Store, Created)> {
         if pg::is_url(path) {
             let (store, created) = Store::open_pg(path, true)?;
             let token = token_path(path);
@@ -342,8 +351,14 @@ impl Store {
                     StoreError::Io(format!("cannot make {} private (0700): {e}", dir.display()))
                 })?;
             }
-            let token_created = ensure_token(&token)?;
-            return Ok((store, created || token_created));
+            let token = ensure_token(&token)?;
+            return Ok((
+                store,
+                Created {
+                    database: created,
+                    token,
+                },
+            ));
         }
         let existed = path.exists();
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
@@ -368,8 +383,14 @@ impl Store {
                 .map_err(|e| StoreError::Io(format!("cannot create {}: {e}", path.display())))?;
         }
         let store = Store::open_inner(path, !existed)?;
-        let created_token = ensure_token(&token_path(path))?;
-        Ok((store, !existed || created_token))
+        let token = ensure_token(&token_path(path))?;
+        Ok((
+            store,
+            Created {
+                database: !existed,
+                token,
+            },
+        ))
     }
 
     /// Opens an existing database; a missing file says how to create one.

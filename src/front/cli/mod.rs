@@ -124,13 +124,18 @@ pub fn run(cli: &Cli) -> Result<(), Failure> {
             let db = crate::service::shown(&path);
             emit(
                 cli,
-                &json!({"db": db, "token_file": token, "created": created}),
-                || {
-                    if created {
-                        format!("created {db} (token in {})", token.display())
-                    } else {
-                        format!("{db} is ready")
+                &json!({
+                    "db": db,
+                    "token_file": token,
+                    "created": created.database,
+                    "token_created": created.token,
+                }),
+                || match (created.database, created.token) {
+                    (true, _) => format!("created {db} (token in {})", token.display()),
+                    (false, true) => {
+                        format!("{db} is ready (a new token in {})", token.display())
                     }
+                    (false, false) => format!("{db} is ready"),
                 },
             );
             Ok(())
