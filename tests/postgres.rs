@@ -1442,7 +1442,7 @@ fn each_machine_runs_its_own_agents_commands() {
             ("HANDOFFS_STATE_DIR", states[0].path().to_str().unwrap()),
         ],
     );
-    let _e2 = engine_with(
+    let e2 = engine_with(
         &w,
         "b.log",
         &[
@@ -1491,6 +1491,25 @@ fn each_machine_runs_its_own_agents_commands() {
             "the handoff to {to} ran on {want}:\n{lines}"
         );
     }
+    // Machine 2's engine gone, a handoff to its agent waits, and `status` says why: no engine
+    // serves `two`, whose engine would run on machine-2 (after its ten seconds' grace).
+    drop(e2);
+    let waiting = w.json(&["send", "one", "two", "while machine-2 is down"]);
+    let waiting = waiting["message"]["id"].as_str().unwrap().to_owned();
+    let said = "no engine serves two: it is served only on machine-2";
+    wait_until(
+        &w,
+        Duration::from_secs(30),
+        "status says no engine serves two",
+        || String::from_utf8_lossy(&w.run(&["status"]).stdout).contains(said),
+    );
+    let overview = w.json(&["status", "--json"]);
+    assert_eq!(
+        overview["unserved"],
+        serde_json::json!([{"agent": "two", "host": "machine-2"}]),
+        "{overview}"
+    );
+    assert_eq!(w.json(&["status", &waiting])["state"], "WAITING");
 }
 
 /// Issue 17's "Done when" without Docker, as DEPLOY.md's "Two machines" tells it: each

@@ -103,7 +103,24 @@ pub struct Overview {
     pub damaged: Vec<String>,
     /// Which engine serves which recipient now (the leases that have not expired).
     pub leases: Vec<crate::store::LeaseRow>,
+    /// Recipients bound to a machine (a `command`, `claude-code` or `codex` agent, served
+    /// only by an engine there) with a handoff queued for [`UNSERVED_AFTER_MS`] or more and
+    /// no engine holding their lease, while some engine runs: no engine runs on that machine.
+    pub unserved: Vec<Unserved>,
 }
+
+/// A recipient no engine serves: see [`Overview::unserved`].
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct Unserved {
+    pub agent: String,
+    /// The machine whose engine would serve it.
+    pub host: String,
+}
+
+/// How long a handoff to a machine-bound recipient waits, with an engine running somewhere
+/// and none holding that recipient, before `status` says no engine serves it (an engine on
+/// its machine takes it within a pass; a few seconds leave room for a slow one).
+pub const UNSERVED_AFTER_MS: i64 = 10_000;
 
 /// A handoff sent but not yet enrolled by an engine: who to whom, and how it begins.
 #[derive(Clone, Debug, Serialize)]
@@ -322,9 +339,29 @@ impl Service {
             let report = tx.report()?;
             let mut leases = tx.leases()?;
             leases.retain(|l| l.expires_at > now);
+            let queued = views(&[Waiting, Busy])?;
+            let health = engine_health(report.as_ref().map(|(at, r)| (*at, r)), now);
+            let mut unserved: Vec<Unserved> = Vec::new();
+            for d in queued.iter().filter(|d| {
+                health.alive()
+                    && d.state == Waiting
+                    && now - d.updated_at >= UNSERVED_AFTER_MS
+                    && !leases.iter().any(|l| l.agent == d.to)
+            }) {
+                if unserved.iter().any(|u| u.agent == d.to) {
+                    continue;
+                }
+                if let Some(host) = tx.agent(&d.to)?.and_then(|a| a.host) {
+                    unserved.push(Unserved {
+                        agent: d.to.clone(),
+                        host,
+                    });
+                }
+            }
             Ok(Overview {
                 leases,
-                queued: views(&[Waiting, Busy])?,
+                unserved,
+                queued,
                 in_flight: views(&[Sending, Accepted, Running])?,
                 needs_attention: views(&[Uncertain, Unavailable, Held, OwnerRejected])?,
                 // The newest overdue work; the totals are the board's.
@@ -332,7 +369,7 @@ impl Service {
                 recent: views(&[Returned, Failed, Acknowledged, Cancelled, Duplicate])?,
                 counts: tx.count_by_state()?,
                 engine_reported_at: report.as_ref().map(|r| r.0),
-                engine_health: engine_health(report.as_ref().map(|(at, r)| (*at, r)), now),
+                engine_health: health,
                 engine_policy_differs: report
                     .as_ref()
                     .and_then(|r| r.1.get("policy_differs"))

@@ -134,6 +134,12 @@ pub(super) fn status(cli: &Cli, id: Option<&str>) -> Result<(), Failure> {
                 out.push_str(&format!("engine {engine} serves {}\n", agents.join(", ")));
             }
         }
+        for u in &o.unserved {
+            out.push_str(&format!(
+                "no engine serves {}: it is served only on {}, and no engine there has taken it (start `handoffs run` on {})\n",
+                u.agent, u.host, u.host
+            ));
+        }
         out
     });
     Ok(())
