@@ -416,6 +416,25 @@ fn a_run_rides_out_a_server_away_and_says_so_quietly() {
     );
 }
 
+/// Sends `text` from lead to dev through the database URL `db` (its own TLS settings), and
+/// waits until the engine running has returned it.
+fn sent_and_returned(w: &World, db: &str, text: &str) {
+    let sent = w
+        .cmd()
+        .env("HANDOFFS_DB", db)
+        .args(["send", "lead", "dev", text, "--json"])
+        .output()
+        .unwrap();
+    assert!(sent.status.success(), "{sent:?}");
+    let id = serde_json::from_slice::<serde_json::Value>(&sent.stdout).unwrap()["message"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    wait_until(w, Duration::from_secs(20), "the handoff delivered", || {
+        returned(w, &id)
+    });
+}
+
 /// TLS to the server: with `sslmode=require` and `sslrootcert` (the test server's own CA,
 /// which .ci/run makes) the CLI and an engine work over encrypted sessions only, a handoff
 /// goes through, and the server's certificate is checked: without the CA it is refused, by
@@ -440,13 +459,6 @@ fn sslmode_require_encrypts_every_session_and_checks_the_servers_certificate() {
         "{plain}{sep}sslmode=require&sslrootcert={}",
         ca.to_string_lossy()
     );
-    let over_tls = |args: &[&str]| {
-        w.cmd()
-            .env("HANDOFFS_DB", &tls)
-            .args(args)
-            .output()
-            .unwrap()
-    };
     let refused = w
         .cmd()
         .env("HANDOFFS_DB", format!("{plain}{sep}sslmode=require"))
@@ -457,15 +469,7 @@ fn sslmode_require_encrypts_every_session_and_checks_the_servers_certificate() {
     assert_eq!(refused.status.code(), Some(1), "{said}");
     assert!(said.contains("invalid peer certificate"), "{said}");
     let _a = process_with(&w, "a.log", &RUN, &[("HANDOFFS_DB", &tls)]);
-    let sent = over_tls(&["send", "lead", "dev", "over TLS", "--json"]);
-    assert!(sent.status.success(), "{sent:?}");
-    let id = serde_json::from_slice::<serde_json::Value>(&sent.stdout).unwrap()["message"]["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    wait_until(&w, Duration::from_secs(20), "the handoff delivered", || {
-        returned(&w, &id)
-    });
+    sent_and_returned(&w, &tls, "over TLS");
     let sessions = |ssl: bool| {
         common::sql_rows(
             &w.db,
@@ -544,18 +548,7 @@ fn a_client_certificate_logs_in_a_role_that_takes_nothing_else() {
     assert!(said.contains("may read it"), "{said}");
 
     let _a = process_with(&w, "a.log", &RUN, &[("HANDOFFS_DB", &with_cert)]);
-    let sent = as_cert(
-        &with_cert,
-        &["send", "lead", "dev", "by certificate", "--json"],
-    );
-    assert!(sent.status.success(), "{sent:?}");
-    let id = serde_json::from_slice::<serde_json::Value>(&sent.stdout).unwrap()["message"]["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    wait_until(&w, Duration::from_secs(20), "the handoff delivered", || {
-        returned(&w, &id)
-    });
+    sent_and_returned(&w, &with_cert, "by certificate");
     let dns = common::sql_rows(
         &w.db,
         "SELECT coalesce(s.client_dn, '(none)') FROM pg_stat_ssl s \
