@@ -94,40 +94,9 @@ impl Http {
 }
 
 /// The real network, through reqwest: no redirects (a redirect must not turn one write into
-/// two, or a POST into a GET), a pool of idle connections per host. Each exchange runs on a
-/// runtime of its own with one thread ([`http_runtime`]), where the client's connections
-/// live: the engine's one thread spends its time on its steps, not on HTTP's framing and
-/// the kernel's TCP work (measured in docs/PERFORMANCE.md). The caller awaits the exchange
-/// as before; dropping the call aborts it there as it would have cut it off here.
+/// two, or a POST into a GET), a pool of idle connections per host.
 #[derive(Clone, Debug)]
 pub struct Reqwest(reqwest::Client);
-
-/// The runtime every [`Reqwest`] exchange runs on: one worker thread, made on first use and
-/// kept for the process's life; `None` when the system would not give a thread (the call
-/// then runs where it is awaited, as before).
-fn http_runtime() -> Option<&'static tokio::runtime::Runtime> {
-    static RUNTIME: std::sync::OnceLock<Option<tokio::runtime::Runtime>> =
-        std::sync::OnceLock::new();
-    RUNTIME
-        .get_or_init(|| {
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .thread_name("handoffs-http")
-                .enable_all()
-                .build()
-                .ok()
-        })
-        .as_ref()
-}
-
-/// Aborts the exchange it holds when dropped before the exchange ended.
-struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
 
 impl Reqwest {
     pub fn new() -> Reqwest {
@@ -154,15 +123,15 @@ impl Transport for Reqwest {
         body: Option<&'a Value>,
         timeout: Duration,
     ) -> Call<'a> {
-        let request = match method {
-            Method::Get => self.0.get(url),
-            Method::Post => self.0.post(url),
-        };
-        let request = match body {
-            Some(b) => request.json(b),
-            None => request,
-        };
-        let exchange = async move {
+        Box::pin(async move {
+            let request = match method {
+                Method::Get => self.0.get(url),
+                Method::Post => self.0.post(url),
+            };
+            let request = match body {
+                Some(b) => request.json(b),
+                None => request,
+            };
             let classify = |e: reqwest::Error| {
                 if e.is_connect() {
                     HttpError::Connect(e.to_string())
@@ -179,16 +148,6 @@ impl Transport for Reqwest {
                 status,
                 body: body.to_vec(),
             })
-        };
-        let Some(runtime) = http_runtime() else {
-            return Box::pin(exchange);
-        };
-        let mut running = AbortOnDrop(runtime.spawn(exchange));
-        Box::pin(async move {
-            match (&mut running.0).await {
-                Ok(reply) => reply,
-                Err(e) => Err(HttpError::Other(format!("the HTTP exchange ended: {e}"))),
-            }
         })
     }
 }
