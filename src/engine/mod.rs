@@ -983,9 +983,16 @@ fn apply_all(
 fn in_transaction<'a>(
     ctx: &'a Ctx,
     id: &'a str,
-) -> impl FnMut(&StepReads<'_, '_>, &Delivery, &Effect) -> Result<Option<EventKind>, ServiceError> + 'a
-{
+) -> impl FnMut(
+    &StepReads<'_, '_>,
+    &Delivery,
+    Option<&Effect>,
+) -> Result<Option<EventKind>, ServiceError>
++ 'a {
     move |tx, record, effect| {
+        let Some(effect) = effect else {
+            return Ok(None);
+        };
         let target = record.core().target();
         let quiet = || -> Result<Option<model::Activity>, ServiceError> {
             Ok(tx
@@ -1021,6 +1028,50 @@ fn in_transaction<'a>(
             },
             _ => None,
         })
+    }
+}
+
+/// What the write-result step's transaction answers itself: what [`in_transaction`] answers,
+/// and, when the write was accepted and what became of it is known without asking anyone (an
+/// HTTP recipient without a status URL), the pass that would look at it at once (the
+/// schedule of a write just accepted, [`apply_all`]) begun in the same transaction: its time
+/// check and its start, whose observation [`in_transaction`] then answers. The same steps as
+/// a separate pass, one commit fewer a delivery.
+fn after_write<'a>(
+    ctx: &'a Ctx,
+    id: &'a str,
+    request_id: &'a model::RequestId,
+) -> impl FnMut(
+    &StepReads<'_, '_>,
+    &Delivery,
+    Option<&Effect>,
+) -> Result<Option<EventKind>, ServiceError>
++ 'a {
+    let mut answer = in_transaction(ctx, id);
+    // 0: the pass is not begun; 1: its time check is made; 2: it has started.
+    let mut begun = 0;
+    move |tx, record, effect| {
+        if effect.is_none()
+            && begun < 2
+            && matches!(record, Delivery::Accepted(_))
+            && record.core().request_id() == request_id
+        {
+            let target = record.core().target();
+            let known = tx
+                .agent(target.agent.as_str())?
+                .map(|a| a.at_target(target))
+                .and_then(|a| Adapters::observe_without_io(&a, request_id.as_str()))
+                .is_some();
+            if known {
+                begun += 1;
+                return Ok(Some(if begun == 1 {
+                    EventKind::TimePassed
+                } else {
+                    EventKind::PassStarted(tx.facts(id, ctx.one_shot)?)
+                }));
+            }
+        }
+        answer(tx, record, effect)
     }
 }
 
@@ -1143,7 +1194,7 @@ async fn deliver(
                     id,
                     report,
                     |_| Ok(vec![EventKind::WriteResult { outcome }]),
-                    &mut in_transaction(ctx, id),
+                    &mut after_write(ctx, id, &request_id),
                 )?
             }
             Effect::Observe { request_id } => {

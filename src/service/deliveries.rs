@@ -23,9 +23,11 @@ pub type Schedule<'a> = &'a dyn Fn(&Change, &Delivery, Option<&AgentRow>, Millis
 /// Answers an effect inside the step's own transaction when that needs nothing from outside
 /// the database (a reservation's look for another active delivery, the activity of a
 /// recipient whose adapter has no activity source): the event it leads to, or `None` to stop
-/// there and hand the effect back.
+/// there and hand the effect back. Asked with no effect once the steps ask for nothing more:
+/// an event then starts what the next pass would start at once (the engine's look at a write
+/// just accepted, when its outcome is known without asking), and `None` ends the transaction.
 pub type Follow<'a> =
-    &'a mut dyn FnMut(&StepReads<'_, '_>, &Delivery, &Effect) -> Result<Option<EventKind>>;
+    &'a mut dyn FnMut(&StepReads<'_, '_>, &Delivery, Option<&Effect>) -> Result<Option<EventKind>>;
 
 impl Service {
     /// Applies one event to the stored delivery `id` in one transaction: the record as
@@ -215,14 +217,17 @@ pub(super) fn steps_in(
         let kind = match pending.pop_front() {
             Some(kind) => kind,
             None => match effects.front() {
-                Some(effect) => match follow(&reads, &record, effect)? {
+                Some(effect) => match follow(&reads, &record, Some(effect))? {
                     Some(kind) => {
                         effects.pop_front();
                         kind
                     }
                     None => break,
                 },
-                None => break,
+                None => match follow(&reads, &record, None)? {
+                    Some(kind) => kind,
+                    None => break,
+                },
             },
         };
         by_person |= matches!(kind, EventKind::Release { .. });
