@@ -1,4 +1,5 @@
-//! The engine in-process, with an injected clock: due reminders (G7) and the backlog pace.
+//! The engine in-process, with an injected clock: due reminders (G7), the backlog pace, and a
+//! delivery to an HTTP recipient in two steps, its queue in order.
 
 use handoffs::engine::Engine;
 use handoffs::service::Service;
@@ -281,4 +282,67 @@ async fn a_lost_reply_without_a_status_url_is_never_taken_as_returned() {
         assert_eq!(r.writes, 0, "never written again: {r:?}");
     }
     assert_eq!(state(&engine), vec![model::StateKind::Uncertain]);
+}
+
+/// A write accepted by an HTTP recipient without a status URL is a whole turn: its result's
+/// own transaction observes it, so the delivery is RETURNED before the next queued handoff's
+/// pass looks for an earlier active one. That pass then reserves at once: no handoff goes
+/// BUSY behind a turn that is already over, and the writes go out in the order sent.
+#[tokio::test]
+async fn an_accepted_http_write_returns_in_its_own_step_and_the_queue_goes_on_in_order() {
+    let posts = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let seen = posts.clone();
+    let app = axum::Router::new().route(
+        "/turn",
+        axum::routing::post(move |body: axum::Json<serde_json::Value>| {
+            let text = body["text"].as_str().unwrap_or_default().to_owned();
+            seen.lock().unwrap().push(text);
+            async { "{}" }
+        }),
+    );
+    let base = serve_app(app).await;
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(AtomicU64::new(1_800_000_000_000));
+    let mut s = with_http_dev(&dir, clock.clone(), &base, &[]);
+    let ids: Vec<String> = (0..3)
+        .map(|i| {
+            s.send("lead", "dev", &format!("item {i}"), None, None, None)
+                .unwrap()
+                .message
+                .id
+        })
+        .collect();
+    let mut engine = Engine::new(s, false).unwrap();
+    for _ in 0..10 {
+        engine.pass().await;
+        if posts.lock().unwrap().len() == 3 {
+            break;
+        }
+        clock.fetch_add(1_000, Ordering::SeqCst);
+    }
+    let posts = posts.lock().unwrap().clone();
+    assert_eq!(posts.len(), 3, "three writes: {posts:?}");
+    for (i, text) in posts.iter().enumerate() {
+        assert!(
+            text.contains(&format!("item {i}")),
+            "written in the order sent: {posts:?}"
+        );
+    }
+    let events = engine.service().events_after(0, 1_000).unwrap();
+    for id in &ids {
+        let moves: Vec<&str> = events
+            .iter()
+            .filter(|e| e.message_id.as_deref() == Some(id.as_str()) && e.kind == "state")
+            .map(|e| e.detail.split(':').next().unwrap_or_default())
+            .collect();
+        assert_eq!(
+            moves,
+            [
+                "WAITING → SENDING",
+                "SENDING → ACCEPTED",
+                "ACCEPTED → RETURNED"
+            ],
+            "handoff {id}: no BUSY detour behind a turn already over"
+        );
+    }
 }
