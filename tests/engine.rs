@@ -344,5 +344,22 @@ async fn an_accepted_http_write_returns_in_its_own_step_and_the_queue_goes_on_in
             ],
             "handoff {id}: no BUSY detour behind a turn already over"
         );
+        // Returned in the step that recorded the acceptance: its line comes right after,
+        // before any other delivery's.
+        let accepted = events
+            .iter()
+            .position(|e| {
+                e.message_id.as_deref() == Some(id.as_str())
+                    && e.detail.starts_with("SENDING → ACCEPTED")
+            })
+            .unwrap();
+        assert!(
+            events[accepted + 1].message_id.as_deref() == Some(id.as_str())
+                && events[accepted + 1]
+                    .detail
+                    .starts_with("ACCEPTED → RETURNED"),
+            "handoff {id}: returned in the write result's own step: {:?}",
+            &events[accepted..]
+        );
     }
 }

@@ -177,6 +177,52 @@ fn an_idle_recipient_gets_exactly_one_write_after_a_committed_reservation() {
     assert_eq!(d.kind(), StateKind::Accepted);
 }
 
+/// The engine begins the pass over a write it just saw accepted inside the write result's own
+/// transaction (`engine::after_write`), without the outage guard's answer or the other
+/// facts a separate pass reads first: sound only because a pass over an ACCEPTED record
+/// asks for its observation whatever the facts say, and the time check at the moment of
+/// acceptance moves nothing.
+#[test]
+fn a_pass_over_a_write_just_accepted_asks_for_its_observation_whatever_the_facts() {
+    let mut d = Drive::new(work());
+    d.at(MIN).up_to_write().exact_receipt();
+    assert_eq!(d.kind(), StateKind::Accepted);
+    let accepted = d.record.clone();
+    d.on(EventKind::TimePassed);
+    assert_eq!(
+        d.change,
+        Change::Unchanged,
+        "no time has passed since the receipt"
+    );
+    let request_id = accepted.core().request_id().clone();
+    let variants: [fn(&mut PassFacts); 7] = [
+        |_| {},
+        |f| f.outage = Some("the recipient's status page is red".to_owned()),
+        |f| f.permission = Permission::Paused,
+        |f| f.permission = Permission::Blocked,
+        |f| f.recipient = None,
+        |f| {
+            f.work_open = false;
+            f.read_by_recipient = true;
+        },
+        |f| {
+            f.one_shot = true;
+            f.body_hash = "changed".to_owned();
+        },
+    ];
+    for change_facts in variants {
+        d.record = accepted.clone();
+        d.pass_with(change_facts);
+        assert_eq!(d.record, accepted, "the record stays as it was");
+        assert_eq!(
+            d.effects,
+            vec![Effect::Observe {
+                request_id: request_id.clone()
+            }]
+        );
+    }
+}
+
 #[test]
 fn busy_recipient_waits_until_its_turn_ends() {
     let mut d = Drive::new(work());

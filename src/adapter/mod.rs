@@ -103,8 +103,9 @@ impl Adapters {
     /// What became of the **accepted** write `request_id` when the adapter can tell without
     /// asking anyone: an HTTP command agent without a `status_url` took an accepted POST as a
     /// whole turn (SPEC §4). The engine asks only for an ACCEPTED delivery, and records the
-    /// observation in the transaction of the pass that looks at it. `None`: ask
-    /// [`Adapters::observe`].
+    /// observation in the transaction of the pass that looks at it: the write result's own,
+    /// which begins that pass at once (`engine::after_write`), or after a restart the next
+    /// pass's. `None`: ask [`Adapters::observe`].
     pub fn observe_without_io(agent: &AgentRow, request_id: &str) -> Option<Observed> {
         match Self::provider(agent) {
             Some(Provider::Command) => command::observe_without_io(agent, request_id),

@@ -1035,8 +1035,11 @@ fn in_transaction<'a>(
 /// and, when the write was accepted and what became of it is known without asking anyone (an
 /// HTTP recipient without a status URL), the pass that would look at it at once (the
 /// schedule of a write just accepted, [`apply_all`]) begun in the same transaction: its time
-/// check and its start, whose observation [`in_transaction`] then answers. The same steps as
-/// a separate pass, one commit fewer a delivery.
+/// check and its start, whose observation [`in_transaction`] then answers: one commit fewer a
+/// delivery. What a separate pass ([`begin_pass`]) does first is left out on purpose: the
+/// outage guard's answer and the closed-chain check matter only to a delivery that waits,
+/// and a pass over an ACCEPTED record asks for its observation whatever its facts say
+/// (model/tests/step_rules.rs, `a_pass_over_a_write_just_accepted_…`).
 fn after_write<'a>(
     ctx: &'a Ctx,
     id: &'a str,
